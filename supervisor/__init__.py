@@ -1,0 +1,1 @@
+"""gpusv: a single-node multi-GPU job supervisor."""

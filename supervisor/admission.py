@@ -1,0 +1,273 @@
+"""Admission: which queued jobs start now, on which cards, and why the others are held.
+
+Pure: the scheduler gathers the facts (cards, running jobs, host memory, the queue in
+order) and carries out the plan. The rules are described for operators in
+docs/host-memory.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from supervisor.projection import Projection
+
+HoldReason = Literal["host_ram", "vram", "gpus", "cpu"]
+_WAITING_FOR = {
+    "host_ram": "host RAM",
+    "vram": "VRAM",
+    "gpus": "free GPUs",
+    "cpu": "a free CPU slot",
+}
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    limit_mb: int  # the most RAM all jobs together may use
+    available_mb: int  # MemAvailable now
+    reserve_mb: int  # kept free for the system
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: int
+    projected_mb: int | None
+    rss_mb: int  # the tree's RSS now
+    gpus: tuple[int, ...]
+    vram_reserved_mb: int  # per card
+
+
+@dataclass(frozen=True)
+class Card:
+    index: int
+    vram_total_mb: int
+    vram_used_mb: int
+    healthy: bool
+    running: tuple[int, ...]  # job ids
+
+
+@dataclass(frozen=True)
+class Candidate:
+    job_id: int
+    gpus: int
+    vram_mb: int | None  # per card
+    projection: Projection | None
+    held_since: float | None  # monotonic; None when not held
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: int
+    gpus: tuple[int, ...]
+    vram_reserved_mb: int  # per card
+
+
+@dataclass(frozen=True)
+class Hold:
+    job_id: int
+    reason: HoldReason
+    message: str  # the job's waiting_for
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: tuple[Start, ...]
+    holds: tuple[Hold, ...]
+
+
+def free_for_new_mb(host: HostMemory, running: Sequence[RunningJob]) -> int:
+    """Host RAM a new job may still take.
+
+    Two views, the stricter wins: the ledger (limit minus what each running job is
+    projected to reach, or already uses if more) and the machine (MemAvailable minus
+    what running jobs have yet to grow into). A job without a projection counts as its
+    RSS. The reserve comes off the result.
+    """
+    booked = sum(max(_expected(j), j.rss_mb) for j in running)
+    growth = sum(max(0, _expected(j) - j.rss_mb) for j in running)
+    return min(host.limit_mb - booked, host.available_mb - growth) - host.reserve_mb
+
+
+def _expected(job: RunningJob) -> int:
+    return job.rss_mb if job.projected_mb is None else job.projected_mb
+
+
+def card_free_vram_mb(card: Card, reserved_mb: Iterable[int]) -> int:
+    """VRAM on a card that nobody uses and nobody has booked."""
+    return card.vram_total_mb - max(card.vram_used_mb, sum(reserved_mb))
+
+
+def plan(
+    candidates: Iterable[Candidate],
+    *,
+    cards: Sequence[Card],
+    cpu_slots_free: int,
+    host: HostMemory,
+    running: Sequence[RunningJob],
+    now: float,
+    max_backfill_wait_s: float,
+) -> Plan:
+    """Which candidates (in queue order, all runnable) start now and where.
+
+    One job per card; a job asking for N cards gets N at once. A job whose projection
+    does not fit the free host RAM is held, unless nothing runs and nothing started
+    before it. Later jobs may start past a held one (backfill) until a held job has
+    waited max_backfill_wait_s; from then on it is a barrier until it runs (see
+    _Barrier). The scan stops as soon as no card and no CPU slot is left; the jobs
+    after that point get no entry.
+    """
+    pool = _Pool.build(cards, running, cpu_slots_free, host)
+    starts: list[Start] = []
+    holds: list[Hold] = []
+    barrier: _Barrier | None = None
+    for cand in candidates:
+        if pool.exhausted():
+            break
+        placed = pool.evaluate(cand)
+        if isinstance(placed, Hold):
+            holds.append(placed)
+            starving = _starving(cand, now, max_backfill_wait_s)
+            if barrier is None and starving and pool.possible(cand):
+                barrier = _Barrier(cand, placed.reason)
+                pool.ram_free -= barrier.projected_mb
+        elif barrier is not None and barrier.blocks(cand):
+            # Its cards or slot stay idle for the barrier, and the scan ends where it would.
+            pool.take(cand, placed, book_ram=False)
+            holds.append(barrier.hold(cand))
+        else:
+            pool.take(cand, placed, book_ram=True)
+            starts.append(Start(cand.job_id, placed, (cand.vram_mb or 0) if placed else 0))
+    return Plan(tuple(starts), tuple(holds))
+
+
+def _starving(cand: Candidate, now: float, max_wait_s: float) -> bool:
+    return cand.held_since is not None and now - cand.held_since >= max_wait_s
+
+
+def _projected(cand: Candidate) -> int | None:
+    return cand.projection.projected_mb if cand.projection else None
+
+
+@dataclass(frozen=True)
+class _Barrier:
+    """A job held past the backfill limit: nothing that competes with it passes it.
+
+    Every job needs host RAM, so behind a job waiting for RAM nothing starts. Behind a
+    job waiting for cards, CPU-only jobs may still start, and behind one waiting for a
+    CPU slot, GPU jobs may: they take nothing it waits for, and its projected RAM is
+    set aside first so that they cannot take that either. A job that could never start
+    on this machine (more cards or VRAM than the healthy cards have) is no barrier.
+    """
+
+    job: Candidate
+    reason: HoldReason
+
+    @property
+    def projected_mb(self) -> int:
+        # Waiting for RAM, it blocks everything anyway; otherwise its RAM is set aside.
+        return 0 if self.reason == "host_ram" else (_projected(self.job) or 0)
+
+    def blocks(self, cand: Candidate) -> bool:
+        if self.reason == "cpu":
+            return cand.gpus == 0
+        if self.reason in ("gpus", "vram"):
+            return cand.gpus > 0
+        return True
+
+    def hold(self, cand: Candidate) -> Hold:
+        what = _WAITING_FOR[self.reason]
+        message = f"waiting behind job {self.job.job_id}, which waits for {what}"
+        return Hold(cand.job_id, self.reason, message)
+
+
+class _Pool:
+    """What is still free while one plan is made; only plan() sees it."""
+
+    def __init__(
+        self,
+        idle_vram: dict[int, int],
+        healthy_vram: list[int],
+        cpu_free: int,
+        ram_free: int,
+        running_any: bool,
+    ) -> None:
+        self.idle_vram = idle_vram  # card index -> free VRAM, healthy cards with no job
+        self.healthy_vram = healthy_vram  # total VRAM of every healthy card
+        self.cpu_free = cpu_free
+        self.ram_free = ram_free
+        self.started_any = running_any
+
+    @classmethod
+    def build(
+        cls, cards: Sequence[Card], running: Sequence[RunningJob], cpu_free: int, host: HostMemory
+    ) -> _Pool:
+        reserved: Mapping[int, int] = {j.job_id: j.vram_reserved_mb for j in running}
+        idle = {
+            c.index: card_free_vram_mb(c, (reserved.get(j, 0) for j in c.running))
+            for c in cards
+            if c.healthy and not c.running
+        }
+        healthy = [c.vram_total_mb for c in cards if c.healthy]
+        return cls(idle, healthy, cpu_free, free_for_new_mb(host, running), bool(running))
+
+    def exhausted(self) -> bool:
+        return not self.idle_vram and self.cpu_free <= 0
+
+    def possible(self, cand: Candidate) -> bool:
+        """Whether the job could start on this machine once everything else has left."""
+        need = cand.vram_mb or 0
+        return sum(1 for total in self.healthy_vram if total >= need) >= cand.gpus
+
+    def evaluate(self, cand: Candidate) -> tuple[int, ...] | Hold:
+        """The cards the job would get now (() for a CPU job), or why it waits."""
+        placed = self._place_devices(cand)
+        if isinstance(placed, Hold):
+            return placed
+        projected = _projected(cand)
+        # A lone job always starts: holding it could only leave the machine idle.
+        if projected is not None and projected > self.ram_free and self.started_any:
+            free = max(0, self.ram_free)
+            message = f"waiting for host RAM: needs {gb(projected)}, {gb(free)} free"
+            return Hold(cand.job_id, "host_ram", message)
+        return placed
+
+    def take(self, cand: Candidate, placed: tuple[int, ...], *, book_ram: bool) -> None:
+        for index in placed:
+            del self.idle_vram[index]
+        if cand.gpus <= 0:
+            self.cpu_free -= 1
+        if book_ram:
+            self.ram_free -= _projected(cand) or 0
+            self.started_any = True
+
+    def _place_devices(self, cand: Candidate) -> tuple[int, ...] | Hold:
+        if cand.gpus <= 0:
+            if self.cpu_free > 0:
+                return ()
+            return Hold(cand.job_id, "cpu", "waiting for a free CPU slot")
+        idle = len(self.idle_vram)
+        if idle < cand.gpus:
+            noun = "GPU" if cand.gpus == 1 else "GPUs"
+            return Hold(cand.job_id, "gpus", f"waiting for {cand.gpus} free {noun}, {idle} free")
+        need = cand.vram_mb or 0
+        # Best fit: the smallest free space that suffices keeps big cards for big jobs.
+        fitting = sorted((free, i) for i, free in self.idle_vram.items() if free >= need)
+        if len(fitting) < cand.gpus:
+            return Hold(cand.job_id, "vram", self._vram_message(cand, len(fitting)))
+        return tuple(sorted(i for _, i in fitting[: cand.gpus]))
+
+    def _vram_message(self, cand: Candidate, fitting: int) -> str:
+        need = gb(cand.vram_mb or 0)
+        if cand.gpus == 1:
+            most = max(self.idle_vram.values())
+            return f"waiting for VRAM: needs {need} on one card, {gb(max(0, most))} free at most"
+        return f"waiting for VRAM: needs {need} on each of {cand.gpus} cards, {fitting} have it"
+
+
+def gb(mb: int) -> str:
+    """A size for people: "~93 GB", or "~1.5 GB" below 10 GB."""
+    size = mb / 1024
+    if size >= 10:
+        return f"~{round(size)} GB"
+    return f"~{size:.1f}".removesuffix(".0") + " GB"

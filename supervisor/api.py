@@ -1,0 +1,262 @@
+"""Request handlers: who may do what, and what each request does to the scheduler."""
+
+from __future__ import annotations
+
+import base64
+import grp
+import os
+import pwd
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from . import protocol, views
+from .config import Config
+from .jobs import Job, JobSpec, JobState
+from .projection import mem_key
+from .protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
+from .scheduler import Scheduler
+from .server import Peer
+
+LOG_CHUNK = 512 * 1024
+
+
+def _forbidden(what: str) -> ProtocolError:
+    return ProtocolError(protocol.FORBIDDEN, f"not allowed: {what}")
+
+
+class Api:
+    def __init__(
+        self,
+        cfg: Config,
+        sched: Scheduler,
+        *,
+        stop_job: Callable[[int], Awaitable[None]],
+        card_count: Callable[[], int],
+        card_vram_mb: Callable[[], int],
+        simple: dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]],
+    ) -> None:
+        self.cfg = cfg
+        self.sched = sched
+        self.store = sched.store
+        self.stop_job = stop_job
+        self.card_count = card_count
+        self.card_vram_mb = card_vram_mb
+        self.simple = simple
+        self.logs_dir = cfg.state_dir / "logs"
+
+    # ---- identity -------------------------------------------------------------------
+
+    def is_admin(self, uid: int) -> bool:
+        if uid == 0:
+            return True
+        if not self.cfg.admin_group:
+            return False
+        try:
+            group = grp.getgrnam(self.cfg.admin_group)
+            user = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return group.gr_gid in os.getgrouplist(user.pw_name, user.pw_gid)
+
+    def admit(self, peer: Peer) -> str | None:
+        """A non-root daemon can only run jobs as itself: it serves its own user (and
+        admins, who may watch and cancel); a root daemon serves whoever reached the
+        socket, which its mode and group already restrict."""
+        me = os.geteuid()
+        if me == 0 or peer.uid == me or self.is_admin(peer.uid):
+            return None
+        return f"this gpusvd runs as uid {me} and serves only that user"
+
+    def may_act(self, peer: Peer, job: Job) -> bool:
+        return peer.uid == job.spec.owner_uid or self.is_admin(peer.uid)
+
+    # ---- dispatch -------------------------------------------------------------------
+
+    async def handle(self, req: Request, peer: Peer) -> dict[str, Any]:
+        if isinstance(req, Submit):
+            return await self.submit(req, peer)
+        if isinstance(req, ListJobs):
+            return await self.list(req, peer)
+        if isinstance(req, JobRef):
+            handler = {
+                "show": self.show,
+                "cancel": self.cancel,
+                "wait": self.wait,
+                "logs": self.logs,
+            }[req.type]
+            return await handler(req, peer)
+        assert isinstance(req, Simple)
+        if req.type == "ping":
+            return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
+        if req.type not in self.simple:
+            raise ProtocolError(protocol.UNKNOWN_TYPE, f"'{req.type}' is not served here")
+        return await self.simple[req.type](peer)
+
+    # ---- submit ---------------------------------------------------------------------
+
+    def _check_fits(self, req: Submit) -> None:
+        opts = req.options
+        cards = self.card_count()
+        if opts.gpus > cards:
+            raise ProtocolError(
+                protocol.BAD_REQUEST, f"asks for {opts.gpus} GPUs; this machine has {cards}"
+            )
+        if opts.vram_mb is not None and opts.gpus and opts.vram_mb > self.card_vram_mb():
+            raise ProtocolError(
+                protocol.BAD_REQUEST,
+                f"asks for {opts.vram_mb} MiB of VRAM; the largest card has "
+                f"{self.card_vram_mb()} MiB",
+            )
+
+    async def _check_after(self, after: tuple[int, ...]) -> None:
+        for parent in after:
+            if parent not in self.sched.jobs and await self.store.get_job(parent) is None:
+                raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
+
+    def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
+        o = self.cfg
+        opts = req.options
+        timeout = opts.progress_timeout_s
+        return [
+            JobSpec(
+                argv=argv,
+                cwd=opts.cwd,
+                env=opts.env,
+                owner_uid=peer.uid,
+                owner_gid=peer.gid,
+                name=opts.name,
+                labels=opts.labels,
+                gpus=opts.gpus,
+                vram_mb=opts.vram_mb,
+                mem_mb=opts.mem_mb,
+                mem_key=mem_key(argv, opts.mem_key),
+                mem_scale=opts.mem_scale,
+                retries=o.retries.ordinary if opts.retries is None else opts.retries,
+                gpu_hang_retries=(
+                    o.retries.gpu_hang if opts.gpu_hang_retries is None else opts.gpu_hang_retries
+                ),
+                progress_timeout_s=o.watchdog.progress_timeout_s if timeout is None else timeout,
+                progress_regex=opts.progress_regex,
+                priority=opts.priority,
+                after=opts.after,
+            )
+            for argv in req.argvs
+        ]
+
+    async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
+        if self.sched.draining and not req.options.dry_run:
+            raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
+        self._check_fits(req)
+        await self._check_after(req.options.after)
+        specs = self.specs(req, peer)
+        if req.options.dry_run:
+            out = []
+            for spec in specs:
+                await self.sched.load_history(spec.mem_key)
+                job = Job(id=0, spec=spec)
+                out.append(views.job_json(job, host_memory=self.sched.projection(spec)))
+                out[-1]["id"] = None
+            return {"ok": True, "jobs": out}
+        queued = await self.store.queued_count(peer.uid)
+        if queued + len(specs) > self.cfg.max_queued_per_user:
+            raise ProtocolError(
+                protocol.LIMIT,
+                f"uid {peer.uid} has {queued} active jobs; the limit is "
+                f"{self.cfg.max_queued_per_user}",
+            )
+        jobs = await self.sched.submit(specs)
+        if req.type == "submit" and len(jobs) == 1:
+            job = jobs[0]
+            return {"ok": True, "ids": [job.id], "job": self.job_view(job)}
+        return {"ok": True, "ids": [j.id for j in jobs]}
+
+    # ---- reading --------------------------------------------------------------------
+
+    def job_view(self, job: Job) -> dict[str, Any]:
+        return views.job_json(job, host_memory=self.sched.projection(job.spec))
+
+    async def _job(self, job_id: int) -> Job:
+        job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
+        if job is None:
+            raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
+        return job
+
+    async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
+        rows = await self.store.list_jobs(req.states, req.limit, req.before_id)
+        out = []
+        for row in rows:
+            job = self.sched.jobs.get(row.id, row)
+            full = self.job_view(job)
+            out.append(full if self.may_act(peer, job) else views.public_view(full))
+        return {"ok": True, "jobs": out}
+
+    async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        job = await self._job(req.ids[0])
+        if not self.may_act(peer, job):
+            raise _forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
+        await self.sched.load_history(job.spec.mem_key)
+        obj = views.job_json(
+            job,
+            host_memory=self.sched.projection(job.spec),
+            attempts=await self.store.attempts(job.id),
+            events=await self.store.events(job.id),
+        )
+        return {"ok": True, "job": obj}
+
+    async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        results = []
+        for job_id in req.ids:
+            try:
+                job = await self._job(job_id)
+            except ProtocolError as exc:
+                results.append({"id": job_id, "ok": False, "error": exc.message})
+                continue
+            if not self.may_act(peer, job):
+                results.append({"id": job_id, "ok": False, "error": "forbidden"})
+            elif job.state.terminal:
+                results.append({"id": job_id, "ok": False, "error": f"already {job.state.value}"})
+            elif job.state is JobState.QUEUED:
+                await self.sched.cancel_queued(job)
+                results.append({"id": job_id, "ok": True, "state": "cancelled"})
+            else:
+                await self.stop_job(job_id)
+                results.append({"id": job_id, "ok": True, "state": "cancelling"})
+        if any(r["error"] == "forbidden" for r in results if not r["ok"]):
+            raise _forbidden("cancel another user's job")
+        return {"ok": True, "results": results}
+
+    async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        done: list[dict[str, Any]] = []
+        with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
+            for job_id in req.ids:
+                job = await self._job(job_id)
+                while not job.state.terminal:
+                    event = anyio.Event()
+                    self.sched.waiters.setdefault(job_id, []).append(event)
+                    await event.wait()
+                    job = await self._job(job_id)
+                view = self.job_view(job)
+                done.append(view if self.may_act(peer, job) else views.public_view(view))
+            return {"ok": True, "jobs": done, "timed_out": False}
+        return {"ok": True, "jobs": done, "timed_out": True}
+
+    async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        job = await self._job(req.ids[0])
+        if not self.may_act(peer, job):
+            raise _forbidden(f"logs of job {job.id}")
+        path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(req.offset)
+                data = fh.read(LOG_CHUNK)
+        except FileNotFoundError:
+            data = b""
+        return {
+            "ok": True,
+            "data_b64": base64.b64encode(data).decode(),
+            "offset": req.offset + len(data),
+            "done": job.state.terminal and len(data) < LOG_CHUNK,
+            "state": job.state.value,
+        }

@@ -1,0 +1,400 @@
+"""Configuration: a TOML file, command-line flags and two environment variables, validated
+once at start into a tree of frozen dataclasses.
+
+Standard library only and cheap to import: the CLI uses it for socket resolution and sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal
+
+_MIB = 1024**2
+_UNITS = {"": 1, "K": 1024, "M": _MIB, "G": 1024**3, "T": 1024**4}
+# A trailing "B" or "iB" is tolerated; the units are powers of 1024 whatever the spelling.
+_SIZE_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(?:i?B)?|B)?", re.IGNORECASE)
+_GPU_SPEC_RE = re.compile(r"(\d+)\s*[xX]\s*(\S+)")
+_MAX_SIMULATED_GPUS = 64
+_SECTION = {"section": True}
+_KERNEL_LOG_SOURCES = ("auto", "journal", "kmsg", "off")
+_FLAG_KEYS = ("state_dir", "socket", "simulate_gpus", "kernel_log", "log_format")
+DEADLINE_ENV = "GPUSVD_ABORT_DEADLINE_S"
+SOCKET_ENV = "GPUSV_SOCKET"
+
+Parser = Callable[[object, str], Any]
+
+
+class ConfigError(ValueError):
+    """A bad key, type or value; the message is one line that names the key."""
+
+
+def _fail(key: str, problem: str, value: object) -> ConfigError:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return ConfigError(f"{key}: {problem}, got {shown}")
+
+
+def parse_size(text: str | int, key: str = "size") -> int:
+    """Bytes from "24G", "1.5G", "512M" or "512" (K/M/G/T are powers of 1024)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise _fail(key, "must be a size >= 0 like '24G' (K, M, G, T: powers of 1024)", text)
+    number, unit = match.group(1), (match.group(2) or "").upper()
+    return math.ceil(Fraction(number) * _UNITS[unit])
+
+
+def parse_size_mb(text: str | int, key: str = "size") -> int:
+    """MiB from a size, rounded up."""
+    return -(-parse_size(text, key) // _MIB)
+
+
+def parse_gpu_spec(text: str, key: str = "simulate_gpus") -> tuple[int, int]:
+    """(count, VRAM MiB) from "NxSIZE", e.g. "2x24G" -> (2, 24576)."""
+    problem = f"must be NxSIZE like '2x24G' with 1 <= N <= {_MAX_SIMULATED_GPUS}"
+    match = _GPU_SPEC_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise _fail(key, problem, text)
+    count = int(match.group(1))
+    if not 1 <= count <= _MAX_SIMULATED_GPUS:
+        raise _fail(key, problem, text)
+    try:
+        vram_mb = parse_size_mb(match.group(2), key)
+    except ConfigError:
+        raise _fail(key, problem, text) from None
+    if vram_mb <= 0:
+        raise _fail(key, problem + " and SIZE > 0", text)
+    return count, vram_mb
+
+
+@dataclass(frozen=True)
+class MemSpec:
+    """An amount of host memory: a fixed size in MiB, or a percent of MemTotal."""
+
+    mb: int | None = None
+    percent: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.mb is None) == (self.percent is None):
+            raise ValueError("MemSpec needs exactly one of mb and percent")
+
+    def resolve(self, total_mb: int) -> int:
+        if self.mb is not None:
+            return self.mb
+        assert self.percent is not None
+        return int(total_mb * self.percent / 100)
+
+    @classmethod
+    def parse(cls, text: str | int, key: str) -> MemSpec:
+        """ "64G", "512M", "5%", or a plain integer number of bytes."""
+        if isinstance(text, str) and text.strip().endswith("%"):
+            match = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*%", text.strip())
+            if match is None or float(match.group(1)) > 100:
+                raise _fail(key, "must be a percent between 0 and 100 like '5%'", text)
+            return cls(percent=float(match.group(1)))
+        return cls(mb=parse_size_mb(text, key))
+
+
+def _int(minimum: int) -> Parser:
+    def parse(value: object, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise _fail(key, f"must be an integer >= {minimum}", value)
+        return value
+
+    return parse
+
+
+def _number(minimum: float, *, above: bool = False) -> Parser:
+    """A finite int or float >= minimum (> minimum when `above`)."""
+    problem = f"must be a number {'>' if above else '>='} {minimum:g}"
+
+    def parse(value: object, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _fail(key, problem, value)
+        number = float(value)
+        if not math.isfinite(number) or number < minimum or (above and number == minimum):
+            raise _fail(key, problem, value)
+        return number
+
+    return parse
+
+
+def _string(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise _fail(key, "must be a string", value)
+    return value
+
+
+def _path(value: object, key: str) -> Path:
+    if not isinstance(value, str | os.PathLike) or not str(value).strip():
+        raise _fail(key, "must be a non-empty path", value)
+    # Made absolute now so that a later chdir cannot change what it names.
+    return Path(os.fspath(value)).expanduser().absolute()
+
+
+def _mem(value: object, key: str) -> MemSpec:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _fail(key, "must be a size like '64G' or a percent like '5%'", value)
+    return MemSpec.parse(value, key)
+
+
+def _gpu_spec(value: object, key: str) -> str:
+    parse_gpu_spec(_string(value, key), key)
+    return str(value).strip()
+
+
+def _kernel_log(value: object, key: str) -> str:
+    text = _string(value, key)
+    if text in _KERNEL_LOG_SOURCES or (text.startswith("file:") and text[5:].strip()):
+        return text
+    raise _fail(key, "must be auto, journal, kmsg, off or file:PATH", value)
+
+
+def _log_format(value: object, key: str) -> str:
+    if value not in ("console", "json"):
+        raise _fail(key, "must be console or json", value)
+    return str(value)
+
+
+def _socket_mode(value: object, key: str) -> int:
+    problem = "must be an octal string like '0660' with no bits for others"
+    text = value.strip() if isinstance(value, str) else ""
+    if not re.fullmatch(r"(?:0o?)?[0-7]{1,4}", text):
+        raise _fail(key, problem, value)
+    mode = int(text.removeprefix("0o") or "0", 8)
+    # Any "other" bit lets every local user reach the daemon (or see its socket):
+    # refused outright, access is granted with socket_group instead.
+    if mode > 0o777 or mode & 0o007:
+        raise _fail(key, problem, value)
+    return mode
+
+
+def _listen(value: object, key: str) -> str:
+    text = _string(value, key).strip()
+    if not text:
+        return ""
+    host, _, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _fail(key, "must be HOST:PORT like '127.0.0.1:9464', or empty", value)
+    return text
+
+
+def _command(value: object, key: str) -> tuple[str, ...]:
+    """A command line split into words; a TOML array of strings is taken as given."""
+    if isinstance(value, list) and all(isinstance(word, str) for word in value):
+        return tuple(value)
+    try:
+        return tuple(shlex.split(_string(value, key)))
+    except ValueError as exc:
+        raise _fail(key, f"is not a valid command line ({exc})", value) from None
+
+
+_TIMEOUT = _number(0.0, above=True)
+
+
+@dataclass(frozen=True)
+class HostMemoryConfig:
+    """`limit` None means MemTotal; `squeeze_below` None means half the reserve."""
+
+    limit: MemSpec | None = field(default=None, metadata={"parse": _mem})
+    reserve: MemSpec = field(default=MemSpec(percent=5.0), metadata={"parse": _mem})
+    margin: float = field(default=0.05, metadata={"parse": _number(0.0)})
+    sample_interval_s: float = field(default=0.5, metadata={"parse": _TIMEOUT})
+    max_backfill_wait_s: float = field(default=900.0, metadata={"parse": _number(0.0)})
+    squeeze_below: MemSpec | None = field(default=None, metadata={"parse": _mem})
+
+    def limit_mb(self, total_mb: int) -> int:
+        return total_mb if self.limit is None else self.limit.resolve(total_mb)
+
+    def squeeze_below_mb(self, total_mb: int) -> int:
+        if self.squeeze_below is None:
+            return self.reserve.resolve(total_mb) // 2
+        return self.squeeze_below.resolve(total_mb)
+
+
+@dataclass(frozen=True)
+class RetriesConfig:
+    ordinary: int = field(default=3, metadata={"parse": _int(0)})
+    gpu_hang: int = field(default=20, metadata={"parse": _int(0)})
+
+
+@dataclass(frozen=True)
+class GpuHangConfig:
+    correlation_window_s: float = field(default=30.0, metadata={"parse": _TIMEOUT})
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    progress_timeout_s: float = field(default=1800.0, metadata={"parse": _TIMEOUT})
+
+
+@dataclass(frozen=True)
+class DeadmanConfig:
+    abort_deadline_s: float = field(default=60.0, metadata={"parse": _TIMEOUT})
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    kill_grace_s: float = field(default=10.0, metadata={"parse": _number(0.0)})
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    on_finish: tuple[str, ...] = field(default=(), metadata={"parse": _command})
+    on_gpu_hang: tuple[str, ...] = field(default=(), metadata={"parse": _command})
+    timeout_s: float = field(default=30.0, metadata={"parse": _TIMEOUT})
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_connections: int = field(default=256, metadata={"parse": _int(1)})
+    idle_timeout_s: float = field(default=30.0, metadata={"parse": _TIMEOUT})
+
+
+@dataclass(frozen=True)
+class Config:
+    state_dir: Path = field(metadata={"parse": _path})
+    socket: Path = field(metadata={"parse": _path})
+    simulate_gpus: str | None = field(default=None, metadata={"parse": _gpu_spec})
+    kernel_log: str = field(default="auto", metadata={"parse": _kernel_log})
+    log_format: Literal["console", "json"] = field(
+        default="console", metadata={"parse": _log_format}
+    )
+    socket_mode: int = field(default=0o660, metadata={"parse": _socket_mode})
+    socket_group: str = field(default="", metadata={"parse": _string})
+    admin_group: str = field(default="", metadata={"parse": _string})
+    cpu_slots: int = field(default_factory=lambda: os.cpu_count() or 1, metadata={"parse": _int(0)})
+    max_queued_per_user: int = field(default=100000, metadata={"parse": _int(1)})
+    metrics_listen: str = field(default="", metadata={"parse": _listen})
+    host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig, metadata=_SECTION)
+    retries: RetriesConfig = field(default_factory=RetriesConfig, metadata=_SECTION)
+    gpu_hang: GpuHangConfig = field(default_factory=GpuHangConfig, metadata=_SECTION)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig, metadata=_SECTION)
+    deadman: DeadmanConfig = field(default_factory=DeadmanConfig, metadata=_SECTION)
+    jobs: JobsConfig = field(default_factory=JobsConfig, metadata=_SECTION)
+    hooks: HooksConfig = field(default_factory=HooksConfig, metadata=_SECTION)
+    limits: LimitsConfig = field(default_factory=LimitsConfig, metadata=_SECTION)
+    config_path: Path | None = None
+
+    @property
+    def simulated_gpus(self) -> tuple[int, int] | None:
+        """(count, VRAM MiB) of the simulated cards, or None for real GPUs."""
+        return None if self.simulate_gpus is None else parse_gpu_spec(self.simulate_gpus)
+
+
+def default_state_dir(uid: int, env: Mapping[str, str]) -> Path:
+    """/var/lib/gpusvd for root, else $XDG_STATE_HOME/gpusvd or ~/.local/state/gpusvd."""
+    if uid == 0:
+        return Path("/var/lib/gpusvd")
+    xdg = env.get("XDG_STATE_HOME", "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "gpusvd"
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    return home / ".local" / "state" / "gpusvd"
+
+
+def resolve_socket(
+    flag: str | None, env: Mapping[str, str], config_socket: str | None, uid: int
+) -> Path:
+    """--socket, $GPUSV_SOCKET, the config's socket, then the per-user default."""
+    for candidate in (flag, env.get(SOCKET_ENV), config_socket):
+        if candidate:
+            return Path(os.fspath(candidate)).expanduser().absolute()
+    if uid == 0:
+        return Path("/run/gpusvd/gpusvd.sock")
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and Path(runtime).is_absolute():
+        return Path(runtime) / "gpusvd.sock"
+    return Path(f"/tmp/gpusvd-{uid}/gpusvd.sock")
+
+
+def _parse_table(cls: type, table: Mapping[str, object], prefix: str = "") -> dict[str, Any]:
+    """Parsed values for the keys present in `table`; absent keys keep their defaults."""
+    known = {f.name: f for f in fields(cls) if f.metadata}
+    values: dict[str, Any] = {}
+    for name, raw in table.items():
+        key = prefix + name
+        if name not in known:
+            raise ConfigError(f"unknown key {key!r}")
+        spec = known[name]
+        if "section" in spec.metadata:
+            if not isinstance(raw, dict):
+                raise _fail(key, f"must be a table [{key}]", raw)
+            section: Any = spec.default_factory
+            values[name] = section(**_parse_table(section, raw, key + "."))
+        else:
+            values[name] = spec.metadata["parse"](raw, key)
+    return values
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _deadline_from_env(env: Mapping[str, str], deadman: DeadmanConfig) -> DeadmanConfig:
+    text = env.get(DEADLINE_ENV, "").strip()
+    if not text:
+        return deadman
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text
+    return replace(deadman, abort_deadline_s=_TIMEOUT(value, DEADLINE_ENV))
+
+
+def _parse_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, raw in flags.items():
+        if name not in _FLAG_KEYS:
+            raise ConfigError(f"unknown flag {name!r}")
+        if raw is not None:
+            values[name] = _FIELDS[name].metadata["parse"](raw, "--" + name.replace("_", "-"))
+    return values
+
+
+def load(
+    path: Path | None,
+    *,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    uid: int | None = None,
+) -> Config:
+    """Defaults, then the TOML file, then the environment, then flags (flags win).
+
+    Raises ConfigError with a one-line message starting "config: " and naming the key.
+    """
+    env = os.environ if env is None else env
+    uid = os.getuid() if uid is None else uid
+    try:
+        values = _parse_table(Config, _read_toml(path) if path is not None else {})
+        given = _parse_flags(flags or {})
+        values["deadman"] = _deadline_from_env(env, values.get("deadman", DeadmanConfig()))
+    except ConfigError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    file_socket, flag_socket = values.pop("socket", None), given.pop("socket", None)
+    values.update(given)
+    values.setdefault("state_dir", default_state_dir(uid, env))
+    flag, from_file = flag_socket and str(flag_socket), file_socket and str(file_socket)
+    socket = resolve_socket(flag, env, from_file, uid)
+    return Config(socket=socket, config_path=path, **values)

@@ -1,0 +1,342 @@
+"""The composition root: builds the parts, reconciles, runs one task group, drains.
+
+`run(config)` can be called in-process; `main()` is the `gpusvd` console script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+import anyio.abc
+import structlog
+
+from . import logs, oom, runner
+from .api import Api
+from .attempts import AttemptRunner
+from .clock import iso_from_epoch
+from .config import Config, ConfigError, load
+from .deadman import Deadman, abort_deadline_s
+from .forensics import Forensics
+from .gpu_monitor import GpuMonitor
+from .gpus import open_backend
+from .hangs import HangWatcher
+from .jobs import FailureReason, JobState
+from .recovery import reconcile
+from .sampling import Sampler
+from .scheduler import Scheduler
+from .server import AlreadyRunning, Server
+from .store import Store
+from .systemd import HealthBoard, Notifier, StallDetector, status_line, watchdog_interval_s
+from .telemetry import Telemetry
+
+log = structlog.get_logger("gpusvd")
+EXIT_MARKER = "last-exit.json"
+
+
+@dataclass
+class Parts:
+    cfg: Config
+    store: Store
+    sched: Scheduler
+    monitor: GpuMonitor
+    attempts: AttemptRunner
+    deadman: Deadman
+    notifier: Notifier
+    board: HealthBoard
+    hangs: HangWatcher
+    server: Server
+
+
+def _deadman_exit(state_dir: Path) -> Any:
+    """Leave a marker for the next start (metrics and health report deadman fires), then
+    leave without destructors: a drain cannot work when an abort is stuck."""
+
+    def exit_(code: int) -> NoReturn:
+        with contextlib.suppress(OSError):
+            marker = state_dir / EXIT_MARKER
+            marker.write_text(json.dumps({"kind": "deadman", "at": time.time(), "code": code}))
+        os._exit(code)
+
+    return exit_
+
+
+async def _record_previous_exit(store: Store, state_dir: Path) -> None:
+    marker = state_dir / EXIT_MARKER
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return
+    await store.add_daemon_event(
+        iso_from_epoch(float(data.get("at", time.time()))), data.get("kind", "unknown"), data
+    )
+    marker.unlink(missing_ok=True)
+    log.warning("previous gpusvd exited through the deadman", exit_code=data.get("code"))
+
+
+async def build(cfg: Config) -> Parts:
+    state = cfg.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o700)
+    (state / "logs").mkdir(exist_ok=True)
+    store = await Store.open(state / "state.db")
+    await _record_previous_exit(store, state)
+    backend, warnings = open_backend(cfg.simulate_gpus, state)
+    for warning in warnings:
+        log.warning(warning)
+    forensics = Forensics()
+    deadline = abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
+    deadman = Deadman(deadline, forensics=forensics, exit=_deadman_exit(state))
+    deadman.start()
+    sched = Scheduler(cfg, store)
+    board = HealthBoard()
+    monitor = GpuMonitor(
+        backend,
+        deadman.call,
+        on_change=lambda: _cards_changed(sched, monitor),
+        beat=lambda: board.beat("gpu-monitor", time.monotonic()),
+    )
+    await monitor.discover()
+    sched.cards = monitor.admission_cards()
+    hangs = HangWatcher(sched, monitor, cfg)
+    attempts = AttemptRunner(
+        sched,
+        logs_dir=state / "logs",
+        visibility_env=monitor.visibility_env,
+        abort=deadman.call,
+        oom_evidence=hangs.oom_evidence,
+        hang_evidence=hangs.hang_evidence,
+        wait_for_fault=hangs.wait_for_fault,
+        oom_kills_now=hangs.oom_kills_now,
+        on_end=hangs.on_attempt_end,
+    )
+    hangs.attempts = attempts
+    hangs.beat = lambda: board.beat("kernel-log", time.monotonic())
+    sched.launch = attempts.launch
+    forensics.provide(running_jobs=lambda: _running(sched), recent_kernel_lines=hangs.recent)
+    api_parts: dict[str, Any] = {}
+    server = Server(
+        cfg.socket,
+        lambda req, peer: api_parts["api"].handle(req, peer),
+        mode=cfg.socket_mode,
+        group=cfg.socket_group,
+        max_connections=cfg.limits.max_connections,
+        idle_timeout_s=cfg.limits.idle_timeout_s,
+    )
+    parts = Parts(cfg, store, sched, monitor, attempts, deadman, Notifier(), board, hangs, server)
+    telemetry = Telemetry(parts)
+    api = Api(
+        cfg,
+        sched,
+        stop_job=lambda job_id: _cancel_running(parts, job_id),
+        card_count=lambda: len(monitor.cards),
+        card_vram_mb=lambda: max((c.vram_total_mb for c in monitor.cards), default=0),
+        simple=telemetry.handlers(),
+    )
+    api_parts["api"] = api
+    server.admit = api.admit
+    return parts
+
+
+def _cards_changed(sched: Scheduler, monitor: GpuMonitor) -> None:
+    sched.cards = monitor.admission_cards()
+    sched.poke()
+
+
+def _running(sched: Scheduler) -> list[dict[str, Any]]:
+    out = []
+    for r in list(sched.running.values()):
+        pids = [p.pid for p in r.handle.tree()] if r.handle else []
+        out.append({"job_id": r.job_id, "pids": pids, "gpus": list(r.cards)})
+    return out
+
+
+async def _cancel_running(parts: Parts, job_id: int) -> None:
+    r = parts.sched.running.get(job_id)
+    if r is None:
+        return
+    assert parts.sched.tg is not None
+    parts.sched.tg.start_soon(parts.attempts.stop, r, FailureReason.CANCELLED, None)
+
+
+async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
+    """Admit nothing more, stop running jobs as `interrupted` (requeued, uncharged), exit."""
+    sched = parts.sched
+    sched.draining = True
+    parts.notifier.stopping()
+    log.info("draining", running=len(sched.running))
+    grace = parts.cfg.jobs.kill_grace_s
+    parts.notifier.extend_timeout(grace + 30)
+    async with anyio.create_task_group() as tg:
+        for r in list(sched.running.values()):
+            tg.start_soon(parts.attempts.stop, r, FailureReason.INTERRUPTED, None)
+    with anyio.move_on_after(grace + 10):
+        while sched.running:
+            await anyio.sleep(0.05)
+    log.info("drained")
+    scope.cancel()
+
+
+async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
+    """Signals become events: the first starts the drain, a second stops at once."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+            async for signum in signals:
+                if not parts.sched.draining:
+                    log.info("signal: drain", signal=signal.Signals(signum).name)
+                    tg.start_soon(_drain, parts, scope)
+                else:
+                    log.warning("second signal: stopping now")
+                    for r in parts.sched.running.values():
+                        if r.handle is not None:
+                            with contextlib.suppress(Exception):
+                                r.handle.signal_tree(signal.SIGKILL)
+                    scope.cancel()
+
+
+async def _status(parts: Parts) -> None:
+    while True:
+        sched = parts.sched
+        queued = sum(1 for j in sched.jobs.values() if j.state is JobState.QUEUED)
+        cards = parts.monitor.cards
+        parts.notifier.status(
+            status_line(
+                len(sched.running),
+                queued,
+                sched.held_counts(),
+                sum(1 for c in cards if c.health == "ok"),
+                len(cards),
+                sched.draining,
+            )
+        )
+        parts.board.beat("scheduler", time.monotonic())
+        sched.poke()
+        await anyio.sleep(2.0)
+
+
+async def _self_ping(parts: Parts) -> None:
+    """The server checks in only by answering a real client on its own socket: a wedged
+    accept loop or handler stops the pings to systemd."""
+    request = b'{"type":"ping"}\n'
+    while True:
+        with anyio.move_on_after(5.0):
+            try:
+                async with await anyio.connect_unix(parts.cfg.socket) as conn:
+                    await conn.send(request)
+                    if (await conn.receive()).startswith(b'{"ok":true'):
+                        parts.board.beat("server", time.monotonic())
+            except OSError as exc:
+                log.warning("cannot reach our own socket", error=str(exc))
+        await anyio.sleep(10.0)
+
+
+async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    """Start every service in order, then READY=1; returns when drained or cancelled."""
+    sched, board = parts.sched, parts.board
+    now = time.monotonic()
+    services = ("scheduler", "server", "gpu-monitor", "kernel-log")
+    for name, period in ((s, 30.0) for s in services):
+        board.register(name, period, now)
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            await tg.start(parts.store.run_writer)
+            await reconcile(sched, parts.store)
+            await tg.start(parts.deadman.run)
+            await tg.start(sched.run)
+            await tg.start(parts.monitor.run)
+            await tg.start(parts.hangs.run)
+            await tg.start(Sampler(sched, parts.attempts, parts.monitor, parts.hangs).run)
+            await tg.start(parts.server.run)
+            tg.start_soon(_signals, parts, scope)
+            tg.start_soon(_status, parts)
+            tg.start_soon(_self_ping, parts)
+            interval = watchdog_interval_s(os.environ)
+            if interval is not None:
+                await tg.start(watchdog_task_for(parts, interval))
+            await tg.start(StallDetector().run)
+            parts.notifier.ready()
+            log.info(
+                "ready",
+                socket=str(parts.cfg.socket),
+                gpus=len(parts.monitor.cards),
+                state_dir=str(parts.cfg.state_dir),
+            )
+            task_status.started()
+    await parts.store.flush()
+
+
+def watchdog_task_for(parts: Parts, interval: float) -> Any:
+    from .systemd import watchdog_task
+
+    async def task(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        await watchdog_task(parts.notifier, parts.board, interval, task_status=task_status)
+
+    return task
+
+
+async def run(cfg: Config) -> int:
+    if runner.become_subreaper():
+        log.debug("child subreaper set")
+    warning = oom.daemon_self_adjust()
+    if warning:
+        log.warning(warning)
+    parts = await build(cfg)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(serve, parts)
+    finally:
+        parts.deadman.stop()
+        with anyio.CancelScope(shield=True):
+            await parts.store.close()
+    log.info("stopped")
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpusvd", description="gpusv job supervisor daemon")
+    p.add_argument("--config", type=Path)
+    p.add_argument("--state-dir", dest="state_dir")
+    p.add_argument("--socket")
+    p.add_argument("--simulate-gpus", dest="simulate_gpus")
+    p.add_argument("--kernel-log", dest="kernel_log")
+    p.add_argument("--log-format", dest="log_format")
+    p.add_argument("--log-level", dest="log_level", default="info")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    flags = {
+        k: v
+        for k, v in vars(args).items()
+        if k in ("state_dir", "socket", "simulate_gpus", "kernel_log", "log_format")
+        and v is not None
+    }
+    try:
+        cfg = load(args.config, flags=flags, env=os.environ, uid=os.geteuid())
+        abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
+        logs.configure(cfg.log_format, args.log_level)
+    except (ConfigError, ValueError) as exc:
+        print(f"gpusvd: {exc}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = anyio.run(run, cfg)
+    except AlreadyRunning as exc:
+        print(f"gpusvd: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        code = 0
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Polls the GPU backend off the event loop and keeps the latest reading of every card.
+
+Every backend call runs on its own thread under the deadman: a query that blocks past the
+abort deadline is a wedged driver, and the deadman restarts the daemon. One query per
+card is in flight at a time, so a slow card never piles up threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+import structlog
+
+from .admission import Card
+from .clock import monotonic
+from .gpus.base import GpuBackend, GpuInfo, GpuLost
+
+log = structlog.get_logger("gpusvd.gpus")
+T = TypeVar("T")
+Call = Callable[[Callable[[], T], str], Awaitable[T]]
+
+
+class GpuMonitor:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        call: Callable[[Callable[[], Any], str], Awaitable[Any]],
+        *,
+        interval_s: float = 1.0,
+        on_change: Callable[[], None] = lambda: None,
+        beat: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.backend = backend
+        self.call = call
+        self.interval_s = interval_s
+        self.on_change = on_change
+        self.beat = beat
+        self.cards: list[GpuInfo] = []
+        self.lost_why: dict[int, str] = {}
+        self._in_flight: set[int] = set()
+        self._quarantine: dict[int, float] = {}  # card -> monotonic time to re-probe from
+
+    async def discover(self) -> None:
+        self.cards = list(await self.call(self.backend.discover, "gpu-discover"))
+
+    def by_bus_id(self, bus_id: str) -> int | None:
+        for card in self.cards:
+            if card.pci_bus_id == bus_id:
+                return card.index
+        return None
+
+    def vendors(self) -> set[str]:
+        return {c.vendor for c in self.cards}
+
+    def admission_cards(self) -> list[Card]:
+        return [
+            Card(
+                index=c.index,
+                vram_total_mb=c.vram_total_mb,
+                vram_used_mb=c.vram_used_mb,
+                healthy=c.health == "ok",
+                running=(),
+            )
+            for c in self.cards
+        ]
+
+    def visibility_env(self, indices: tuple[int, ...]) -> dict[str, str]:
+        return self.backend.visibility_env([self.cards[i] for i in indices])
+
+    def mark_lost(self, index: int, why: str, quarantine_s: float = 0.0) -> None:
+        """A card the kernel says fell off the bus stays out for `quarantine_s` even if the
+        backend still answers: the answer may be stale, and a job would fail on it again."""
+        if index >= len(self.cards):
+            return
+        if quarantine_s:
+            self._quarantine[index] = monotonic() + quarantine_s
+        card = self.cards[index]
+        self.lost_why[index] = why
+        if card.health != "lost":
+            self.cards[index] = dataclasses.replace(card, health="lost")
+            log.warning("gpu lost", gpu=index, pci_bus_id=card.pci_bus_id, why=why)
+            self.on_change()
+
+    async def probe(self, index: int) -> GpuInfo | None:
+        """A fresh reading of one card; a lost card returns to ok once it answers again."""
+        if index in self._in_flight:
+            return None
+        self._in_flight.add(index)
+        try:
+            info: GpuInfo = await self.call(lambda: self.backend.query(index), f"gpu-query-{index}")
+        except GpuLost as exc:
+            self.mark_lost(index, str(exc) or "backend reports the card lost")
+            return None
+        except Exception as exc:  # a backend bug must not take the monitor down
+            log.warning("gpu query failed", gpu=index, error=repr(exc))
+            return None
+        finally:
+            self._in_flight.discard(index)
+        old = self.cards[index]
+        if old.health == "lost" and monotonic() < self._quarantine.get(index, 0.0):
+            return None
+        if old.health == "lost" and info.health == "ok":
+            log.warning("gpu back", gpu=index, pci_bus_id=info.pci_bus_id)
+            self.lost_why.pop(index, None)
+        self.cards[index] = info
+        if (old.health, old.vram_used_mb) != (info.health, info.vram_used_mb):
+            self.on_change()
+        return info
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            while True:
+                self.beat()
+                for card in list(self.cards):
+                    tg.start_soon(self.probe, card.index)
+                await anyio.sleep(self.interval_s)

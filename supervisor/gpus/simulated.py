@@ -1,0 +1,207 @@
+"""Simulated cards driven by small JSON control files, so that GPU failures can be tested anywhere.
+
+Card i has PCI bus id `0000:{i+1:02x}:00.0` and a control file
+`STATE_DIR/simulated-gpus/{i}.json`, re-read on every query:
+`{"utilization_pct": 0, "vram_used_mb": 0, "lost": false, "wedged": false}`.
+`lost` makes queries raise GpuLost as NVML does for a card off the bus; `wedged` makes
+them block until it is cleared, as NVML does on a hung card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from supervisor.gpus.base import GpuError, GpuInfo, GpuLost
+from supervisor.gpus.visibility import visibility_env
+
+NAME = "Simulated GPU"
+DRIVER_VERSION = "550.54.15"
+CONTROL_DIR = "simulated-gpus"
+POLL_S = 0.05
+MAX_CARDS = 64
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+@dataclass(frozen=True)
+class SimulatedSpec:
+    count: int
+    vram_mb: int
+
+
+def parse_spec(spec: str) -> SimulatedSpec:
+    """Parse "NxSIZE": "2x24G" -> SimulatedSpec(2, 24576). ValueError says what is wrong."""
+    head = f"bad GPU simulation spec {spec!r}"
+    count_text, sep, size_text = spec.strip().partition("x")
+    if not sep:
+        count_text, sep, size_text = spec.strip().partition("X")
+    if not sep:
+        raise ValueError(f"{head}: expected NxSIZE, e.g. 2x24G")
+    count_text, size_text = count_text.strip(), size_text.strip()
+    if not (count_text.isascii() and count_text.isdigit()):
+        raise ValueError(f"{head}: card count {count_text!r} is not a whole number")
+    count = int(count_text)
+    if not 1 <= count <= MAX_CARDS:
+        raise ValueError(f"{head}: card count must be 1 to {MAX_CARDS}, not {count}")
+    if not size_text:
+        raise ValueError(f"{head}: the VRAM size after 'x' is missing, e.g. 2x24G")
+    m = _SIZE.match(size_text)
+    if m is None:
+        raise ValueError(
+            f"{head}: {size_text!r} is not a size (a number with an optional K, M, G or T suffix)"
+        )
+    vram_mb = int(float(m[1]) * _UNITS[m[2].upper()]) // 1024**2
+    if vram_mb < 1:
+        raise ValueError(f"{head}: {size_text!r} is less than 1 MiB of VRAM")
+    return SimulatedSpec(count, vram_mb)
+
+
+@dataclass(frozen=True)
+class Control:
+    """The settings of one simulated card, as its control file states them."""
+
+    utilization_pct: float = 0.0
+    vram_used_mb: float = 0.0
+    lost: bool = False
+    wedged: bool = False
+
+
+_NUMBERS = ("utilization_pct", "vram_used_mb")
+_FLAGS = ("lost", "wedged")
+
+
+def parse_control(raw: str | bytes) -> Control:
+    """Parse a control file. Unknown keys are ignored; a missing key takes its default."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("a control file holds one JSON object")
+    return _control_from(data)
+
+
+def _control_from(data: dict[str, Any]) -> Control:
+    for key in _NUMBERS:
+        value = data.get(key, 0)
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not is_number or not math.isfinite(value):
+            raise ValueError(f"{key} must be a number, not {value!r}")
+    for key in _FLAGS:
+        if not isinstance(data.get(key, False), bool):
+            raise ValueError(f"{key} must be true or false, not {data[key]!r}")
+    known = {f.name for f in fields(Control)}
+    return Control(**{k: v for k, v in data.items() if k in known})
+
+
+def control_path(state_dir: Path, index: int) -> Path:
+    return Path(state_dir) / CONTROL_DIR / f"{index}.json"
+
+
+def write_control(state_dir: Path, index: int, **values: Any) -> Path:
+    """Change the given keys of card `index`'s control file atomically; others keep their values."""
+    known = {f.name for f in fields(Control)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown control keys {unknown}; known: {sorted(known)}")
+    path = control_path(state_dir, index)
+    current: dict[str, Any] = asdict(Control())
+    with contextlib.suppress(OSError, ValueError):  # absent or unreadable: the defaults
+        current.update(asdict(parse_control(path.read_bytes())))
+    current.update(values)
+    _control_from(current)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A reader must see the old file or the new one, never half of one: write, then rename.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(current, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def simulated_bus_id(index: int) -> str:
+    return f"0000:{index + 1:02x}:00.0"
+
+
+class SimulatedBackend:
+    """N cards of the same size; each query reads that card's control file afresh."""
+
+    def __init__(self, spec: SimulatedSpec, state_dir: Path) -> None:
+        self._spec = spec
+        self._state_dir = Path(state_dir)
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._last_good = [Control()] * spec.count
+        for i in range(spec.count):
+            # An existing file is kept: a restarted daemon must see what a test had set.
+            if not control_path(self._state_dir, i).exists():
+                write_control(self._state_dir, i)
+            self._read(i)
+
+    def discover(self) -> list[GpuInfo]:
+        # Unlike query, discovery never waits on a wedged card: the daemon must start.
+        cards = []
+        for i in range(self._spec.count):
+            control = self._read(i)
+            cards.append(self._info(i, control, lost=control.lost))
+        return cards
+
+    def query(self, index: int) -> GpuInfo:
+        self._check(index)
+        while True:
+            control = self._read(index)
+            if not control.wedged:
+                break
+            if self._closed.wait(POLL_S):
+                raise GpuError(f"simulated GPU {index}: backend closed while the card was wedged")
+        if control.lost:
+            raise GpuLost(f"simulated GPU {index} ({simulated_bus_id(index)}) is lost")
+        return self._info(index, control, lost=False)
+
+    def process_vram_mb(self, index: int) -> dict[int, int]:
+        self._check(index)
+        return {}
+
+    def visibility_env(self, cards: Sequence[GpuInfo]) -> dict[str, str]:
+        return visibility_env(cards, {"simulated"})
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _check(self, index: int) -> None:
+        if not 0 <= index < self._spec.count:
+            raise GpuError(f"no simulated GPU {index} (there are {self._spec.count})")
+
+    def _read(self, index: int) -> Control:
+        """The control file's settings, or the last good ones while it is missing or invalid."""
+        try:
+            control = parse_control(control_path(self._state_dir, index).read_bytes())
+        except (OSError, ValueError):
+            with self._lock:
+                return self._last_good[index]
+        with self._lock:
+            self._last_good[index] = control
+        return control
+
+    def _info(self, index: int, control: Control, *, lost: bool) -> GpuInfo:
+        total = self._spec.vram_mb
+        used = 0 if lost else min(max(int(control.vram_used_mb), 0), total)
+        util = 0.0 if lost else min(max(float(control.utilization_pct), 0.0), 100.0)
+        return GpuInfo(
+            index=index,
+            vendor="simulated",
+            vendor_index=index,
+            name=NAME,
+            pci_bus_id=simulated_bus_id(index),
+            vram_total_mb=total,
+            vram_used_mb=used,
+            utilization_pct=util,
+            driver_version=DRIVER_VERSION,
+            health="lost" if lost else "ok",
+        )

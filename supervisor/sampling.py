@@ -1,0 +1,171 @@
+"""The periodic sampler: process-tree RSS and peaks, the squeeze guard, job progress and
+the no-progress watchdog. One pass over /proc per interval for all jobs, off the loop."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import structlog
+
+from . import oom
+from .faults.watchdog import ProgressTracker, check_progress
+from .jobs import FailureReason
+from .memory import TreeSampler, read_meminfo
+from .runner import reap_orphans
+
+if TYPE_CHECKING:
+    from .attempts import AttemptRunner
+    from .gpu_monitor import GpuMonitor
+    from .hangs import HangWatcher
+    from .scheduler import Running, Scheduler
+
+log = structlog.get_logger("gpusvd.sampler")
+READ_LIMIT = 256 * 1024  # new output scanned for the progress regex, per pass
+
+
+class Sampler:
+    def __init__(
+        self,
+        sched: Scheduler,
+        attempts: AttemptRunner,
+        monitor: GpuMonitor,
+        hangs: HangWatcher,
+    ) -> None:
+        self.sched = sched
+        self.attempts = attempts
+        self.monitor = monitor
+        self.hangs = hangs
+        self.cfg = sched.cfg.host_memory
+        self.tree = TreeSampler()
+        self.offsets: dict[tuple[int, int], int] = {}
+        self.cpu_s = 0.0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        task_status.started()
+        while True:
+            await anyio.sleep(self.cfg.sample_interval_s)
+            if not self.sched.running:
+                continue
+            start = time.thread_time()
+            await self.pass_once()
+            self.cpu_s += time.thread_time() - start
+
+    async def pass_once(self) -> None:
+        running = [r for r in self.sched.running.values() if r.handle is not None]
+        roots = {r.job_id: r.handle.pid for r in running if r.handle}
+        known = {r.job_id: list(r.handle.known) for r in running if r.handle}
+        samples = await anyio.to_thread.run_sync(self.tree.sample, roots, known)
+        for r in running:
+            s = samples.get(r.job_id)
+            if s is None or r.handle is None:
+                continue
+            r.rss_mb = s.rss_mb
+            r.peak_rss_mb = max(r.peak_rss_mb, s.rss_mb)
+            r.handle.remember(s.pids)
+        meminfo = read_meminfo()
+        self.hangs.note_memory(meminfo.available_mb)
+        await self._squeeze(meminfo.available_mb)
+        await self._watchdog(running)
+        leaders = {r.handle.pid for r in self.sched.running.values() if r.handle}
+        reap_orphans(leaders)
+        if self.sched.held_counts():
+            self.sched.poke()  # the ledger moved: held jobs may fit now
+
+    async def _squeeze(self, available_mb: int) -> None:
+        """Stop the newest jobs before the kernel has to choose, and before the box thrashes."""
+        threshold = self.cfg.squeeze_below_mb(self.sched.mem_total_mb)
+        if available_mb >= threshold:
+            return
+        candidates = [
+            (r.job_id, r.seq, r.rss_mb)
+            for r in self.sched.running.values()
+            if r.kill_reason is None and r.handle is not None
+        ]
+        victims = oom.squeeze_victims(available_mb, threshold, candidates)
+        for job_id in victims:
+            r = self.sched.running[job_id]
+            evidence = {
+                "source": "squeeze_guard",
+                "mem_available_mb": available_mb,
+                "squeeze_below_mb": threshold,
+                "rss_mb": r.rss_mb,
+            }
+            log.warning("squeeze guard stops the newest job", job_id=job_id, **evidence)
+            assert self.sched.tg is not None
+            self.sched.tg.start_soon(self.attempts.stop, r, FailureReason.OOM_KILLED, evidence)
+
+    def _progress(self, r: Running, now: float) -> ProgressTracker:
+        job = self.sched.jobs.get(r.job_id)
+        if r.tracker is None:
+            regex = job.spec.progress_regex if job else None
+            r.tracker = ProgressTracker(regex, r.started_mono)
+        out, err = self.attempts.log_paths(r.job_id)
+        for stream, path in ((0, out), (1, err)):
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                continue
+            key = (r.job_id * 2 + stream, r.attempt.n)
+            offset = self.offsets.setdefault(key, size if r.attempt.n > 1 else 0)
+            if size > offset:
+                if job and job.spec.progress_regex:
+                    r.tracker.on_output(_read(path, offset, size), now)
+                else:
+                    r.tracker.on_size(size, now)
+                self.offsets[key] = size
+        return r.tracker
+
+    async def _watchdog(self, running: list[Running]) -> None:
+        now = time.monotonic()
+        for r in running:
+            job = self.sched.jobs.get(r.job_id)
+            if job is None:
+                continue
+            tracker = self._progress(r, now)
+            if tracker.last_match and tracker.last_match != job.progress:
+                self.sched.jobs[r.job_id] = job = _with_progress(job, tracker.last_match)
+            if not r.cards or r.kill_reason is not None:
+                continue
+            util = max(self.monitor.cards[c].utilization_pct for c in r.cards)
+            tracker.on_utilization(util, now)
+            timeout = job.spec.progress_timeout_s
+            if not timeout:
+                continue
+            if check_progress(tracker.state(), now=now, timeout_s=timeout) == "hung":
+                state = tracker.state()
+                evidence = {
+                    "source": "watchdog",
+                    "silent_s": round(now - state.last_progress_at, 1),
+                    "max_utilization_pct": state.max_util_seen,
+                    "cpu_percent": _cpu_percent(r),
+                }
+                await self.hangs.watchdog_hang(r, evidence)
+        for key in [k for k in self.offsets if k[0] // 2 not in self.sched.running]:
+            del self.offsets[key]
+
+
+def _with_progress(job: Any, match: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(job, progress=match)
+
+
+def _read(path: Any, start: int, end: int) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(max(start, end - READ_LIMIT))
+        return fh.read(end - start).decode("utf-8", "replace")
+
+
+def _cpu_percent(r: Running) -> float | None:
+    if r.handle is None or r.handle.leader is None:
+        return None
+    try:
+        times = r.handle.leader.cpu_times()
+        elapsed = max(time.monotonic() - r.started_mono, 1e-6)
+        return round(100.0 * float(times.user + times.system) / elapsed, 1)
+    except Exception:
+        return None

@@ -1,0 +1,323 @@
+"""The dispatch loop: the in-memory queue, admission passes and hand-off to attempts.
+
+SQLite rows are the truth; this module keeps only the active jobs (queued and running)
+in memory, indexed so that a pass never scans the whole queue when nothing can start.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from . import admission
+from .clock import monotonic, now_iso
+from .config import Config
+from .jobs import FailureReason, Job, JobSpec, JobState, transition
+from .memory import read_meminfo
+from .projection import MemObservation, Projection, project
+from .store import Attempt, Event, Store
+
+if TYPE_CHECKING:
+    from .faults.watchdog import ProgressTracker
+    from .runner import ProcessHandle
+
+HISTORY = 50  # attempts per memory key kept in memory for projections
+
+
+@dataclass
+class Running:
+    """A live attempt: persisted truth is in the store, this holds the runtime handles."""
+
+    job_id: int
+    attempt: Attempt
+    cards: tuple[int, ...]
+    seq: int
+    started_mono: float
+    projection: Projection | None
+    vram_reserved_mb: int
+    handle: ProcessHandle | None = None
+    rss_mb: int = 0
+    peak_rss_mb: int = 0
+    kill_reason: FailureReason | None = None
+    evidence: dict[str, Any] | None = None
+    aborting: bool = False
+    tracker: ProgressTracker | None = None
+    oom_kills_at_start: int | None = None
+    dispatched_at: float = field(default_factory=monotonic)
+
+
+class Scheduler:
+    def __init__(self, cfg: Config, store: Store) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.jobs: dict[int, Job] = {}
+        self.queue: list[tuple[int, int]] = []  # (-priority, id) of queued jobs, sorted
+        self.running: dict[int, Running] = {}
+        self.held_since: dict[int, float] = {}
+        self.history: dict[str, list[MemObservation]] = {}
+        self.pending_deps: dict[int, set[int]] = {}
+        self.dependents: dict[int, set[int]] = {}
+        self.waiters: dict[int, list[anyio.Event]] = {}
+        self.wake = anyio.Event()
+        self.draining = False
+        self.seq = 0
+        self.cards: list[admission.Card] = []
+        self.launch: Any = None  # set by the daemon: async (job, start) -> None
+        self.tg: anyio.abc.TaskGroup | None = None
+        total = read_meminfo().total_mb
+        self.mem_total_mb = total
+        self.limit_mb = cfg.host_memory.limit_mb(total)
+        self.reserve_mb = cfg.host_memory.reserve.resolve(total)
+
+    # ---- the in-memory index ----------------------------------------------------------
+
+    def _enqueue(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        bisect.insort(self.queue, (-job.spec.priority, job.id))
+
+    def _dequeue(self, job: Job) -> None:
+        key = (-job.spec.priority, job.id)
+        i = bisect.bisect_left(self.queue, key)
+        if i < len(self.queue) and self.queue[i] == key:
+            del self.queue[i]
+        self.held_since.pop(job.id, None)
+
+    def put(self, job: Job) -> None:
+        """Record a job's new state in memory: queue it, keep it running, or let it go."""
+        old = self.jobs.get(job.id)
+        if old is not None and old.state is JobState.QUEUED:
+            self._dequeue(old)
+        if job.state is JobState.QUEUED:
+            self._enqueue(job)
+        elif job.state is JobState.RUNNING:
+            self.jobs[job.id] = job
+        else:
+            self.jobs.pop(job.id, None)
+            self._finished(job)
+        self.poke()
+
+    def _finished(self, job: Job) -> None:
+        for event in self.waiters.pop(job.id, []):
+            event.set()
+        for child in sorted(self.dependents.pop(job.id, set())):
+            pending = self.pending_deps.get(child)
+            if pending is None:
+                continue
+            pending.discard(job.id)
+            if job.state is not JobState.SUCCEEDED and self.tg is not None:
+                self.tg.start_soon(self.fail_dependency, child, job.id)
+            elif not pending:
+                del self.pending_deps[child]
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    # ---- memory figures -----------------------------------------------------------------
+
+    async def load_history(self, key: str) -> None:
+        if key not in self.history:
+            rows = await self.store.mem_history(key, HISTORY)
+            self.history[key] = [
+                MemObservation(r.peak_rss_mb, r.reason, r.scale, r.peak_vram_mb) for r in rows
+            ]
+
+    def observe(self, key: str, obs: MemObservation) -> None:
+        rows = self.history.setdefault(key, [])
+        rows.append(obs)
+        del rows[:-HISTORY]
+
+    def projection(self, spec: JobSpec) -> Projection | None:
+        return project(
+            self.history.get(spec.mem_key, []),
+            declared_mb=spec.mem_mb,
+            scale=spec.mem_scale,
+            margin=self.cfg.host_memory.margin,
+        )
+
+    def vram_need(self, spec: JobSpec) -> int | None:
+        if spec.vram_mb is not None:
+            return spec.vram_mb
+        peaks = [o.peak_vram_mb for o in self.history.get(spec.mem_key, []) if o.peak_vram_mb]
+        return max(peaks[-10:]) if peaks else None
+
+    # ---- admission --------------------------------------------------------------------
+
+    def _candidates(self, now_wall: float) -> Iterator[admission.Candidate]:
+        for _prio, job_id in self.queue:
+            job = self.jobs[job_id]
+            if job.not_before > now_wall or job_id in self.pending_deps:
+                continue
+            yield admission.Candidate(
+                job_id=job_id,
+                gpus=job.spec.gpus,
+                vram_mb=self.vram_need(job.spec),
+                projection=self.projection(job.spec),
+                held_since=self.held_since.get(job_id),
+            )
+
+    def running_use(self) -> list[admission.RunningJob]:
+        return [
+            admission.RunningJob(
+                job_id=r.job_id,
+                projected_mb=r.projection.projected_mb if r.projection else None,
+                rss_mb=r.rss_mb,
+                gpus=r.cards,
+                vram_reserved_mb=r.vram_reserved_mb,
+            )
+            for r in self.running.values()
+        ]
+
+    def host(self) -> admission.HostMemory:
+        return admission.HostMemory(
+            limit_mb=self.limit_mb,
+            available_mb=read_meminfo().available_mb,
+            reserve_mb=self.reserve_mb,
+        )
+
+    def cpu_slots_free(self) -> int:
+        used = sum(1 for r in self.running.values() if not r.cards)
+        return max(0, self.cfg.cpu_slots - used)
+
+    def cards_now(self) -> list[admission.Card]:
+        by_card: dict[int, list[int]] = {}
+        for r in self.running.values():
+            for c in r.cards:
+                by_card.setdefault(c, []).append(r.job_id)
+        return [dataclasses.replace(c, running=tuple(by_card.get(c.index, ()))) for c in self.cards]
+
+    async def dispatch_pass(self) -> float | None:
+        """One admission pass; returns seconds until the next backoff expires, if any."""
+        if self.draining or self.launch is None:
+            return None
+        import time
+
+        now_wall = time.time()
+        plan = admission.plan(
+            self._candidates(now_wall),
+            cards=self.cards_now(),
+            cpu_slots_free=self.cpu_slots_free(),
+            host=self.host(),
+            running=self.running_use(),
+            now=monotonic(),
+            max_backfill_wait_s=self.cfg.host_memory.max_backfill_wait_s,
+        )
+        for hold in plan.holds:
+            await self._hold(hold)
+        for start in plan.starts:
+            self._claim(start)
+        waits = [j.not_before - now_wall for j in self.jobs.values() if j.not_before > now_wall]
+        return max(0.0, min(waits)) if waits else None
+
+    async def _hold(self, hold: admission.Hold) -> None:
+        job = self.jobs.get(hold.job_id)
+        if job is None:
+            return
+        self.held_since.setdefault(job.id, monotonic())
+        if job.hold_reason == hold.reason:
+            if job.waiting_for != hold.message:  # figures moved: show them, persist nothing
+                self.jobs[job.id] = dataclasses.replace(job, waiting_for=hold.message)
+            return
+        held = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
+        self.jobs[job.id] = held
+        await self.store.save(
+            held, now_iso(), Event("queue_wait", hold.message, {"reason": hold.reason})
+        )
+
+    def _claim(self, start: admission.Start) -> None:
+        """Book the cards and memory synchronously, then launch in the background."""
+        job = self.jobs[start.job_id]
+        self._dequeue(job)
+        self.seq += 1
+        attempt = Attempt(
+            job_id=job.id,
+            n=job.attempts + 1,
+            gpus=start.gpus,
+            started_at=now_iso(),
+            mem_key=job.spec.mem_key,
+            mem_scale=job.spec.mem_scale,
+        )
+        self.running[job.id] = Running(
+            job_id=job.id,
+            attempt=attempt,
+            cards=start.gpus,
+            seq=self.seq,
+            started_mono=monotonic(),
+            projection=self.projection(job.spec),
+            vram_reserved_mb=start.vram_reserved_mb,
+        )
+        assert self.tg is not None
+        self.tg.start_soon(self.launch, job, self.running[job.id])
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as tg:
+            self.tg = tg
+            task_status.started()
+            while True:
+                self.wake = anyio.Event()
+                delay = await self.dispatch_pass()
+                with anyio.move_on_after(delay if delay is not None else 3600):
+                    await self.wake.wait()
+
+    # ---- user actions -----------------------------------------------------------------
+
+    async def submit(self, specs: list[JobSpec]) -> list[Job]:
+        at = now_iso()
+        for spec in {s.mem_key for s in specs}:
+            await self.load_history(spec)
+        ids = await self.store.insert_jobs(specs, at)
+        jobs = [Job(id=i, spec=s, submitted_at=at) for i, s in zip(ids, specs, strict=True)]
+        for job in jobs:
+            self._enqueue(job)
+            await self._track_deps(job)
+        self.poke()
+        return jobs
+
+    async def _track_deps(self, job: Job) -> None:
+        pending = set()
+        for parent in job.spec.after:
+            active = self.jobs.get(parent)
+            state = active.state if active else None
+            if state is None:
+                row = await self.store.get_job(parent)
+                state = row.state if row else JobState.FAILED
+            if state is JobState.SUCCEEDED:
+                continue
+            if state.terminal:
+                await self.fail_dependency(job.id, parent)
+                return
+            pending.add(parent)
+            self.dependents.setdefault(parent, set()).add(job.id)
+        if pending:
+            self.pending_deps[job.id] = pending
+            waiting = ", ".join(str(p) for p in sorted(pending))
+            self.jobs[job.id] = dataclasses.replace(job, waiting_for=f"waiting for job {waiting}")
+
+    async def fail_dependency(self, job_id: int, parent: int) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        self.pending_deps.pop(job_id, None)
+        failed = transition(job, JobState.FAILED, now_iso(), FailureReason.DEPENDENCY_FAILED)
+        message = f"dependency {parent} did not succeed"
+        await self.store.save(failed, now_iso(), Event("dependency_failed", message))
+        self.put(failed)
+
+    async def cancel_queued(self, job: Job) -> Job:
+        cancelled = transition(job, JobState.CANCELLED, now_iso(), FailureReason.CANCELLED)
+        await self.store.save(cancelled, now_iso(), Event("cancelled", "cancelled while queued"))
+        self.pending_deps.pop(job.id, None)
+        self.put(cancelled)
+        return cancelled
+
+    def held_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.state is JobState.QUEUED and job.hold_reason:
+                counts[job.hold_reason] = counts.get(job.hold_reason, 0) + 1
+        return counts

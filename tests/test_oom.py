@@ -1,0 +1,285 @@
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import cgroups, oom
+
+MB = 1024 * 1024
+
+# --- ranking (pure) -------------------------------------------------------------------
+
+
+def test_newest_job_at_1000_every_older_process_at_base() -> None:
+    values = oom.oom_adjustments([10, 11], {1: [20, 21], 2: (30,)})
+    assert values == {10: 1000, 11: 1000, 20: 0, 21: 0, 30: 0}
+
+
+def test_the_newest_job_wins_a_pid_listed_twice() -> None:
+    assert oom.oom_adjustments([10], {1: [10, 20]}, base=200) == {10: 1000, 20: 200}
+
+
+def test_base_value_never_below_zero_nor_below_the_daemon() -> None:
+    assert oom.base_value(-900) == 0
+    assert oom.base_value(0) == 0
+    assert oom.base_value(200) == 200
+
+
+def test_newest_job_is_the_last_dispatched() -> None:
+    assert oom.newest_job({4: 17, 9: 12, 2: 30}) == 2
+    assert oom.newest_job({}) is None
+
+
+def test_no_squeeze_no_victims() -> None:
+    assert oom.squeeze_victims(5000, 3000, [(1, 1, 100)]) == []
+
+
+def test_squeeze_stops_the_newest_dispatched_first_as_many_as_needed() -> None:
+    running = [(1, 1, 60_000), (2, 3, 500), (3, 2, 2_000)]
+    assert oom.squeeze_victims(2000, 3000, running) == [2, 3]
+    assert oom.squeeze_victims(2900, 3000, running) == [2]
+
+
+def test_squeeze_takes_at_least_one_even_if_it_frees_little() -> None:
+    assert oom.squeeze_victims(100, 3000, [(1, 1, 0), (2, 2, 0)]) == [2, 1]
+    assert oom.squeeze_victims(100, 3000, []) == []
+
+
+# --- /proc writes on real processes ---------------------------------------------------
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_apply_writes_values_that_read_back(sleepers: list[subprocess.Popen[bytes]]) -> None:
+    a, b, c = (p.pid for p in sleepers)
+    base = oom.base_value(oom.read_value() or 0)
+    assert oom.apply({a: 1000, b: base, c: 500}) == []
+    assert [oom.read_value(pid) for pid in (a, b, c)] == [1000, base, 500]
+    # Back down from 1000, as happens to a job once a newer one starts.
+    assert oom.apply({a: base}) == []
+    assert oom.read_value(a) == base
+
+
+def test_apply_skips_vanished_processes_and_reports_refusals(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    failures = oom.apply({gone.pid: 1000, sleepers[0].pid: 5000})
+    assert len(failures) == 1
+    assert failures[0].startswith(f"pid {sleepers[0].pid}: cannot set oom_score_adj 5000")
+
+
+def test_preexec_hook_sets_the_child_and_its_descendants() -> None:
+    script = "cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"
+    out = subprocess.run(
+        ["sh", "-c", script],
+        preexec_fn=oom.preexec_oom_score_adj(1000),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    assert out.stdout.split() == ["1000", "1000"]
+    assert oom.read_value() != 1000  # the parent is untouched
+
+
+def test_preexec_hook_fails_the_spawn_when_it_cannot_set_the_value() -> None:
+    with pytest.raises(subprocess.SubprocessError):
+        subprocess.run(["true"], preexec_fn=oom.preexec_oom_score_adj(5000), timeout=30)
+
+
+def test_daemon_self_adjust_lowers_itself_or_says_what_is_lost() -> None:
+    code = (
+        "import json; from supervisor import oom;"
+        "w = oom.daemon_self_adjust(); print(json.dumps([w, oom.read_value()]))"
+    )
+    before = oom.read_value()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    )
+    warning, after = json.loads(out.stdout)
+    if warning is None:
+        assert after == -900
+    else:
+        assert "CAP_SYS_RESOURCE" in warning
+        assert "newest-first order is kept" in warning
+        assert after == before
+
+
+def test_daemon_self_adjust_never_raises_the_daemon() -> None:
+    current = oom.read_value()
+    assert current is not None
+    assert oom.daemon_self_adjust(target=current + 1) is None
+    assert oom.read_value() == current
+
+
+# Run as user nobody: a "daemon" shell starts a "job" that raises itself to 1000, then
+# lowers it back to the base value, then tries to go below its inherited floor.
+UNPRIVILEGED = """
+own=$(cat /proc/self/oom_score_adj)
+if [ "$own" -gt 0 ]; then base=$own; else base=0; fi
+sh -c 'echo 1000 > /proc/self/oom_score_adj && exec sleep 60' &
+job=$!
+i=0
+while [ "$(cat /proc/$job/oom_score_adj)" != 1000 ] && [ $i -lt 3000 ]; do
+    sleep 0.01; i=$((i + 1))
+done
+new=$(cat /proc/$job/oom_score_adj)
+{ echo "$base" > /proc/$job/oom_score_adj; } 2>/dev/null
+lowered=$(cat /proc/$job/oom_score_adj)
+if { echo -1000 > /proc/$job/oom_score_adj; } 2>/dev/null; then refused=no; else refused=yes; fi
+kill $job
+echo "$new $base $lowered $refused"
+"""
+
+
+def test_unprivileged_daemon_can_lower_an_older_job_back_from_1000() -> None:
+    """The kernel rule that base_value() rests on, checked as a user without privileges."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    out = subprocess.run(
+        ["sh", "-c", UNPRIVILEGED],
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    new, base, lowered, refused = out.stdout.split()
+    assert new == "1000"
+    assert lowered == base == str(oom.base_value(int(base)))
+    assert refused == "yes"  # below the floor it inherited, an unprivileged write fails
+
+
+# --- cgroups --------------------------------------------------------------------------
+
+
+def test_parse_proc_cgroup_v1_and_v2() -> None:
+    v1 = "9:name=systemd:/\n4:memory:/jobs/7\n2:cpu,cpuacct:/\n0::/\n"
+    assert cgroups.parse_proc_cgroup(v1, 1) == "/jobs/7"
+    assert cgroups.parse_proc_cgroup("0::/system.slice/gpusvd.service\n", 2) == (
+        "/system.slice/gpusvd.service"
+    )
+    assert cgroups.parse_proc_cgroup("4:cpu:/x\n", 1) is None
+
+
+def test_parse_oom_kill_from_memory_events_and_oom_control() -> None:
+    events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
+    assert cgroups.parse_oom_kill(events) == 2
+    assert cgroups.parse_oom_kill("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n") == 5
+    assert cgroups.parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n") is None
+
+
+def test_own_memory_cgroup_is_a_real_directory() -> None:
+    if cgroups.detect() is None:
+        pytest.skip("no memory cgroup controller here")
+    own = cgroups.own_memory_cgroup()
+    assert own is not None and own.is_dir()
+    assert os.getpid() in cgroups.pids(own)
+
+
+@pytest.fixture
+def memcg() -> Iterator[Callable[[int], Path]]:
+    """Makes memory cgroups with a limit and no swap; removes them even on failure."""
+    hierarchy = cgroups.detect()
+    if os.geteuid() != 0 or hierarchy is None:
+        pytest.skip("needs root and a memory cgroup controller")
+    made: list[Path] = []
+
+    def make(limit_mb: int) -> Path:
+        path = cgroups.create(hierarchy.root, f"gpusv-test-{secrets.token_hex(4)}")
+        made.append(path)
+        # Swap would let the group page out instead of reaching the OOM killer.
+        for name in ("memory.swap.max", "memory.swappiness"):
+            with contextlib.suppress(OSError):
+                (path / name).write_text("0")
+        cgroups.set_limit(path, limit_mb * MB)
+        with contextlib.suppress(OSError):
+            (path / "memory.memsw.limit_in_bytes").write_text(str(limit_mb * MB))
+        return path
+
+    yield make
+    for path in made:
+        assert cgroups.remove(path), f"could not remove {path}"
+
+
+HOG = "buf = b'\\x01' * (200 << 20)"
+OLDER = """
+import sys, time
+buf = b"\\x01" * (150 << 20)
+print("ready", flush=True)
+time.sleep(120)
+"""
+NEWER = """
+import time
+chunks = []
+while True:
+    chunks.append(b"\\x01" * (10 << 20))
+    time.sleep(0.01)
+"""
+
+
+def spawn(code: str, cgroup: Path, adj: int) -> subprocess.Popen[str]:
+    join, set_adj = cgroups.preexec_join(cgroup), oom.preexec_oom_score_adj(adj)
+
+    def preexec() -> None:
+        join()
+        set_adj()
+
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, preexec_fn=preexec
+    )
+
+
+def test_a_job_over_its_cgroup_limit_is_oom_killed_and_counted(
+    memcg: Callable[[int], Path],
+) -> None:
+    group = memcg(64)
+    assert cgroups.oom_kill_count(group) == 0
+    hog = spawn(HOG, group, 0)
+    assert hog.wait(timeout=60) == -signal.SIGKILL
+    assert cgroups.oom_kill_count(group) == 1
+
+
+def test_the_kernel_kills_the_newest_job_not_the_bigger_older_one(
+    memcg: Callable[[int], Path],
+) -> None:
+    group = memcg(300)
+    base = oom.base_value(oom.read_value() or 0)
+    older = spawn(OLDER, group, base)
+    newer: subprocess.Popen[str] | None = None
+    try:
+        assert older.stdout is not None and older.stdout.readline() == "ready\n"
+        newer = spawn(NEWER, group, oom.NEWEST)
+        assert newer.wait(timeout=60) == -signal.SIGKILL
+        time.sleep(0.2)  # a second kill would land right after the first
+        assert older.poll() is None, "the older job was killed"
+        assert cgroups.oom_kill_count(group) == 1
+        peak = cgroups.memory_peak_mb(group)
+        assert peak is not None and peak >= 150
+    finally:
+        for p in (older, newer):
+            if p is not None:
+                p.kill()
+                p.wait()

@@ -1,0 +1,139 @@
+"""The no-progress watchdog: pure decisions over fake monotonic times."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor.faults.watchdog import ProgressState, ProgressTracker, check_progress
+
+T0 = 1000.0
+TIMEOUT = 1800.0
+
+
+def idle_since(start: float, last_progress: float = T0) -> ProgressState:
+    return ProgressState(last_progress_at=last_progress, low_util_since=start, max_util_seen=0.0)
+
+
+# --- check_progress --------------------------------------------------------------------------
+
+
+def test_hung_when_silent_and_idle_for_the_whole_timeout() -> None:
+    state = idle_since(T0)
+    assert check_progress(state, now=T0 + TIMEOUT, timeout_s=TIMEOUT) == "hung"
+    assert check_progress(state, now=T0 + TIMEOUT - 1, timeout_s=TIMEOUT) == "ok"
+
+
+def test_silent_but_busy_is_ok() -> None:
+    busy = ProgressState(last_progress_at=T0, low_util_since=None, max_util_seen=97.0)
+    assert check_progress(busy, now=T0 + 10 * TIMEOUT, timeout_s=TIMEOUT) == "ok"
+
+
+def test_idle_only_recently_is_ok_until_idle_for_the_timeout() -> None:
+    state = idle_since(T0 + 3000.0)  # busy for a long time after its last output, then idle
+    assert check_progress(state, now=T0 + 4000.0, timeout_s=TIMEOUT) == "ok"
+    assert check_progress(state, now=T0 + 3000.0 + TIMEOUT, timeout_s=TIMEOUT) == "hung"
+
+
+def test_idle_but_printing_is_ok() -> None:
+    state = idle_since(T0, last_progress=T0 + 5000.0)
+    assert check_progress(state, now=T0 + 5000.0 + TIMEOUT - 1, timeout_s=TIMEOUT) == "ok"
+
+
+@pytest.mark.parametrize("timeout", [None, 0.0, -5.0])
+def test_no_timeout_disables_the_watchdog(timeout: float | None) -> None:
+    assert check_progress(idle_since(T0), now=T0 + 1e9, timeout_s=timeout) == "ok"
+
+
+@given(
+    last=st.floats(0, 1e6),
+    low_after=st.floats(0, 1e6) | st.none(),
+    elapsed=st.floats(0, 1e6),
+    timeout=st.floats(1, 1e5),
+)
+def test_hung_iff_silent_and_idle_throughout(
+    last: float, low_after: float | None, elapsed: float, timeout: float
+) -> None:
+    low = None if low_after is None else last + low_after - 5e5
+    now = last + elapsed
+    verdict = check_progress(ProgressState(last, low, 0.0), now=now, timeout_s=timeout)
+    silent = now - last >= timeout  # not `elapsed`: the sum above rounds
+    expected = silent and low is not None and (low <= last or low <= now - timeout)
+    assert verdict == ("hung" if expected else "ok")
+
+
+# --- ProgressTracker -------------------------------------------------------------------------
+
+
+def test_output_growth_is_progress_without_a_regex() -> None:
+    tracker = ProgressTracker(None, started_at=T0)
+    assert tracker.state().last_progress_at == T0
+    tracker.on_size(0, T0 + 5)
+    assert tracker.state().last_progress_at == T0
+    tracker.on_size(120, T0 + 10)
+    assert tracker.state().last_progress_at == T0 + 10
+    tracker.on_size(120, T0 + 20)
+    assert tracker.state().last_progress_at == T0 + 10
+    tracker.on_output("step 3\n", T0 + 30)
+    assert tracker.state().last_progress_at == T0 + 30
+    assert tracker.last_match is None
+
+
+def test_with_a_regex_only_matches_are_progress() -> None:
+    tracker = ProgressTracker(r"Fra:\d+", started_at=T0)
+    tracker.on_size(5000, T0 + 10)
+    tracker.on_output("Loading scene\nstill loading\n", T0 + 20)
+    assert tracker.state().last_progress_at == T0
+    assert tracker.last_match is None
+    tracker.on_output("Fra:941 Mem:1.2G | Rendering\nFra:942 Mem:1.2G\n", T0 + 30)
+    assert tracker.state().last_progress_at == T0 + 30
+    assert tracker.last_match == "Fra:942"
+
+
+def test_regex_group_one_is_the_shown_match() -> None:
+    tracker = ProgressTracker(r"step (\d+)/\d+", started_at=T0)
+    tracker.on_output("step 7/100 loss=0.3\n", T0 + 1)
+    assert tracker.last_match == "7"
+
+
+def test_matches_span_chunks_and_carriage_returns() -> None:
+    tracker = ProgressTracker(r"\d+%", started_at=T0)
+    tracker.on_output("progress: 4", T0 + 1)
+    assert tracker.state().last_progress_at == T0  # the line is not complete yet
+    tracker.on_output("2%|####  \r progress: 43%|#### ", T0 + 2)
+    assert (tracker.state().last_progress_at, tracker.last_match) == (T0 + 2, "42%")
+    tracker.on_output("\r", T0 + 3)
+    assert (tracker.state().last_progress_at, tracker.last_match) == (T0 + 3, "43%")
+
+
+def test_a_huge_unterminated_line_is_still_searched() -> None:
+    tracker = ProgressTracker(r"done \d+", started_at=T0)
+    tracker.on_output("x" * 70_000 + " done 5", T0 + 1)
+    assert tracker.last_match == "done 5"
+
+
+def test_utilization_tracks_when_the_cards_went_idle() -> None:
+    tracker = ProgressTracker(None, started_at=T0)
+    tracker.on_utilization(88.0, T0 + 1)
+    assert tracker.state().low_util_since is None
+    tracker.on_utilization(0.0, T0 + 2)
+    tracker.on_utilization(1.0, T0 + 3)
+    assert tracker.state().low_util_since == T0 + 2
+    tracker.on_utilization(35.0, T0 + 4)
+    assert tracker.state().low_util_since is None
+    assert tracker.state().max_util_seen == 88.0
+    tracker.on_output("x", T0 + 5)  # progress opens a new window
+    assert tracker.state().max_util_seen == 0.0
+
+
+def test_tracker_and_check_together() -> None:
+    tracker = ProgressTracker(r"iter \d+", started_at=T0)
+    tracker.on_output("iter 1\n", T0 + 10)
+    for t in range(20, 4000, 30):
+        tracker.on_utilization(0.0, T0 + t)
+        tracker.on_output("waiting for data...\n", T0 + t)
+    state = tracker.state()
+    # Silent since T0 + 10, but known idle only from the first sample at T0 + 20.
+    assert check_progress(state, now=T0 + 20 + TIMEOUT - 1, timeout_s=TIMEOUT) == "ok"
+    assert check_progress(state, now=T0 + 20 + TIMEOUT, timeout_s=TIMEOUT) == "hung"

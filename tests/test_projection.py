@@ -1,0 +1,219 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor.projection import MemObservation, Projection, mem_key, project
+
+GB = 1024
+
+
+def ok(peak: int, scale: float | None = None) -> MemObservation:
+    return MemObservation(peak, None, scale)
+
+
+def failed(peak: int, reason: str, scale: float | None = None) -> MemObservation:
+    return MemObservation(peak, reason, scale)
+
+
+# --- the memory key -------------------------------------------------------------------
+
+
+def test_explicit_key_wins_and_is_trimmed() -> None:
+    assert mem_key(["python3", "train.py"], " llama-70b ") == "llama-70b"
+
+
+def test_blank_explicit_key_falls_back_to_the_command() -> None:
+    assert mem_key(["python3", "train.py"], "  ") == mem_key(["python3", "train.py"], None)
+
+
+def test_same_command_same_key_and_executable_reduced_to_basename() -> None:
+    a = mem_key(["/usr/bin/python3", "train.py", "--bs", "8"], None)
+    b = mem_key(["python3", "train.py", "--bs", "8"], None)
+    assert a == b
+    assert re.fullmatch(r"python3 train\.py --bs 8#[0-9a-f]{8}", a)
+
+
+def test_arguments_make_a_different_kind_of_job() -> None:
+    assert mem_key(["python3", "train.py", "--bs", "8"]) != mem_key(
+        ["python3", "train.py", "--bs", "16"]
+    )
+    # Joining with spaces must not merge distinct argv splits.
+    assert mem_key(["sh", "-c", "a b"]) != mem_key(["sh", "-c", "a", "b"])
+
+
+def test_long_commands_get_a_short_readable_head() -> None:
+    key = mem_key(["python3", "train.py", "--config", "configs/" + "x" * 200 + ".yaml"])
+    head, _, digest = key.rpartition("#")
+    assert head.startswith("python3 train.py --config")
+    assert head.endswith("...")
+    assert len(head) <= 40
+    assert re.fullmatch(r"[0-9a-f]{8}", digest)
+
+
+def test_mem_key_needs_a_command() -> None:
+    with pytest.raises(ValueError):
+        mem_key([], None)
+
+
+# --- projections ----------------------------------------------------------------------
+
+
+def test_no_history_and_nothing_declared_is_no_figure() -> None:
+    assert project([], declared_mb=None, scale=None, margin=0.05) is None
+
+
+def test_declared_when_there_is_no_history() -> None:
+    assert project([], declared_mb=8000, scale=None, margin=0.05) == Projection(8000, "declared", 0)
+
+
+def test_history_wins_over_a_declared_figure() -> None:
+    p = project([ok(50_000)], declared_mb=100_000, scale=None, margin=0.0)
+    assert p == Projection(50_000, "observed", 1)
+
+
+def test_observed_is_the_highest_recent_peak_plus_margin() -> None:
+    p = project([ok(1000), ok(3000), ok(2000)], declared_mb=None, scale=None, margin=0.05)
+    assert p == Projection(3150, "observed", 3)
+
+
+def test_margin_rounding_adds_no_float_noise() -> None:
+    p = project([ok(1000)], declared_mb=None, scale=None, margin=0.05)
+    assert p is not None and p.projected_mb == 1050
+
+
+def test_only_the_last_ten_qualifying_runs_count() -> None:
+    history = [ok(90_000)] + [ok(10_000)] * 10
+    p = project(history, declared_mb=None, scale=None, margin=0.0)
+    assert p == Projection(10_000, "observed", 11)
+
+
+def test_exit_nonzero_qualifies() -> None:
+    p = project([ok(1000), failed(5000, "exit_nonzero")], declared_mb=None, scale=None, margin=0)
+    assert p == Projection(5000, "observed", 2)
+
+
+@pytest.mark.parametrize(
+    "reason", ["cancelled", "interrupted", "gpu_hang", "signal", "spawn_failed"]
+)
+def test_cut_short_runs_never_feed_the_figure(reason: str) -> None:
+    p = project([ok(1000), failed(90_000, reason)], declared_mb=None, scale=None, margin=0.0)
+    assert p == Projection(1000, "observed", 1)
+
+
+def test_cut_short_runs_alone_give_no_figure() -> None:
+    history = [failed(90_000, "cancelled"), failed(50_000, "gpu_hang")]
+    assert project(history, declared_mb=None, scale=None, margin=0.0) is None
+
+
+def test_an_oom_kill_is_a_floor_over_observed() -> None:
+    history = [ok(20_000), failed(60_000, "oom_killed"), ok(30_000)]
+    p = project(history, declared_mb=None, scale=None, margin=0.0)
+    assert p == Projection(60_000, "observed", 2)
+
+
+def test_an_oom_kill_is_a_floor_over_declared() -> None:
+    p = project([failed(60_000, "oom_killed")], declared_mb=10_000, scale=None, margin=0.1)
+    assert p == Projection(66_000, "declared", 0)
+
+
+def test_an_oom_kill_alone_still_gives_a_figure() -> None:
+    p = project([failed(60_000, "oom_killed")], declared_mb=None, scale=None, margin=0.0)
+    assert p == Projection(60_000, "observed", 0)
+
+
+def test_runs_at_the_requested_scale_are_observed() -> None:
+    history = [ok(10_000, 1.0), ok(40_000, 4.0), ok(12_000, 1.0)]
+    p = project(history, declared_mb=None, scale=1.0, margin=0.0)
+    assert p == Projection(12_000, "observed", 2)
+
+
+def test_fit_through_two_scales() -> None:
+    # 2 GB fixed + 10 GB per unit of scale, exactly on a line: no residual.
+    history = [ok(12 * GB, 1.0), ok(22 * GB, 2.0), ok(42 * GB, 4.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(32 * GB, "fit", 3)
+
+
+def test_fit_adds_the_largest_residual_and_margin() -> None:
+    # Points (1, 10), (2, 30), (3, 20): line y = 10 + 5x, residuals -5, 10, -5.
+    history = [ok(10_000, 1.0), ok(30_000, 2.0), ok(20_000, 3.0)]
+    p = project(history, declared_mb=None, scale=5.0, margin=0.1)
+    assert p == Projection(round((10_000 + 5_000 * 5 + 10_000) * 1.1), "fit", 3)
+
+
+def test_one_other_scale_grows_proportionally_up_and_never_shrinks_down() -> None:
+    history = [ok(10_000, 2.0)]
+    up = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    down = project(history, declared_mb=None, scale=1.0, margin=0.0)
+    assert up == Projection(15_000, "fit", 1)
+    assert down == Projection(10_000, "fit", 1)
+
+
+def test_memory_that_does_not_grow_with_scale_projects_the_largest_peak() -> None:
+    history = [ok(30_000, 1.0), ok(20_000, 2.0)]
+    p = project(history, declared_mb=None, scale=8.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 2)
+
+
+def test_a_scale_on_a_job_with_only_unscaled_history_uses_that_history() -> None:
+    p = project([ok(7000)], declared_mb=None, scale=2.0, margin=0.0)
+    assert p == Projection(7000, "observed", 1)
+
+
+def test_an_oom_kill_at_a_larger_scale_does_not_bind_a_smaller_one() -> None:
+    history = [ok(10_000, 1.0), failed(80_000, "oom_killed", 8.0)]
+    assert project(history, declared_mb=None, scale=1.0, margin=0.0) == Projection(
+        10_000, "observed", 1
+    )
+    assert project(history, declared_mb=None, scale=8.0, margin=0.0) == Projection(80_000, "fit", 1)
+
+
+def test_to_json_matches_the_contract() -> None:
+    assert Projection(93_000, "observed", 4).to_json() == {
+        "projected_mb": 93_000,
+        "basis": "observed",
+        "runs": 4,
+    }
+
+
+observations = st.builds(
+    MemObservation,
+    peak_rss_mb=st.integers(0, 200_000),
+    reason=st.sampled_from(
+        [None, "exit_nonzero", "oom_killed", "cancelled", "interrupted", "gpu_hang", "signal"]
+    ),
+    scale=st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0, 4.0])),
+)
+
+
+@given(
+    st.lists(observations, max_size=30),
+    st.one_of(st.none(), st.integers(0, 200_000)),
+    st.one_of(st.none(), st.sampled_from([0.5, 1.0, 3.0])),
+    st.floats(0.0, 0.5),
+)
+def test_never_below_an_oom_kill_nor_a_recent_qualifying_peak_at_the_same_scale(
+    history: list[MemObservation], declared: int | None, scale: float | None, margin: float
+) -> None:
+    p = project(history, declared_mb=declared, scale=scale, margin=margin)
+    binding_ooms = [
+        h.peak_rss_mb
+        for h in history
+        if h.reason == "oom_killed" and (scale is None or h.scale is None or h.scale <= scale)
+    ]
+    same = [
+        h.peak_rss_mb
+        for h in history
+        if h.reason in (None, "exit_nonzero") and (scale is None or h.scale == scale)
+    ]
+    if binding_ooms or same or declared is not None:
+        assert p is not None
+    if p is None:
+        return
+    assert p.projected_mb >= max(binding_ooms, default=0)
+    assert p.projected_mb >= max(same[-10:], default=0)
+    assert p.runs >= 0
