@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from . import logs, oom, runner
+from . import logs, oom, runner, views
 from .api import Api
 from .attempts import AttemptRunner
 from .clock import iso_from_epoch
@@ -30,10 +30,11 @@ from .forensics import Forensics
 from .gpu_monitor import GpuMonitor
 from .gpus import open_backend
 from .hangs import HangWatcher
-from .jobs import FailureReason, JobState
+from .hooks import run_hook
+from .jobs import FailureReason, Job, JobState
 from .recovery import reconcile
 from .sampling import Sampler
-from .scheduler import Scheduler
+from .scheduler import Running, Scheduler
 from .server import AlreadyRunning, Server
 from .store import Store
 from .systemd import HealthBoard, Notifier, StallDetector, status_line, watchdog_interval_s
@@ -117,7 +118,7 @@ async def build(cfg: Config) -> Parts:
         hang_evidence=hangs.hang_evidence,
         wait_for_fault=hangs.wait_for_fault,
         oom_kills_now=hangs.oom_kills_now,
-        on_end=hangs.on_attempt_end,
+        on_end=lambda job, r: _on_end(cfg, sched, hangs, job, r),
     )
     hangs.attempts = attempts
     hangs.beat = lambda: board.beat("kernel-log", time.monotonic())
@@ -145,6 +146,23 @@ async def build(cfg: Config) -> Parts:
     api_parts["api"] = api
     server.admit = api.admit
     return parts
+
+
+def _on_end(cfg: Config, sched: Scheduler, hangs: HangWatcher, job: Job, r: Running) -> None:
+    """After an attempt is recorded: hang bookkeeping, then the operator's hooks."""
+    hangs.on_attempt_end(job, r)
+    hooks = cfg.hooks
+    due = []
+    if r.attempt.reason == FailureReason.GPU_HANG.value and hooks.on_gpu_hang:
+        due.append(("on_gpu_hang", hooks.on_gpu_hang))
+    if job.state.terminal and hooks.on_finish:
+        due.append(("on_finish", hooks.on_finish))
+    if not due or sched.tg is None:
+        return
+    payload = views.job_json(job, host_memory=sched.projection(job.spec))
+    payload["attempt"] = r.attempt.to_json()
+    for name, argv in due:
+        sched.tg.start_soon(run_hook, name, argv, payload, hooks.timeout_s)
 
 
 def _cards_changed(sched: Scheduler, monitor: GpuMonitor) -> None:
