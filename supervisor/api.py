@@ -45,6 +45,8 @@ class Api:
         self.card_vram_mb = card_vram_mb
         self.simple = simple
         self.logs_dir = cfg.state_dir / "logs"
+        # The per-user cap is counted and then filled: two submits must not both pass it.
+        self.submitting = anyio.Lock()
 
     # ---- identity -------------------------------------------------------------------
 
@@ -72,6 +74,13 @@ class Api:
     def may_act(self, peer: Peer, job: Job) -> bool:
         return peer.uid == job.spec.owner_uid or self.is_admin(peer.uid)
 
+    def may_submit(self, peer: Peer) -> None:
+        """A job runs as its submitter; a non-root daemon can only run jobs as itself, so
+        there only its own user submits (admins of such a daemon watch and cancel)."""
+        me = os.geteuid()
+        if me != 0 and peer.uid != me:
+            raise _forbidden(f"this gpusvd runs as uid {me} and runs jobs only for that user")
+
     # ---- dispatch -------------------------------------------------------------------
 
     async def handle(self, req: Request, peer: Peer) -> dict[str, Any]:
@@ -92,7 +101,18 @@ class Api:
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
         if req.type not in self.simple:
             raise ProtocolError(protocol.UNKNOWN_TYPE, f"'{req.type}' is not served here")
-        return await self.simple[req.type](peer)
+        reply = await self.simple[req.type](peer)
+        return self._redact_top(reply, peer) if req.type == "top" else reply
+
+    def _redact_top(self, reply: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """`top` names running and held jobs: another user's argv and name are theirs."""
+        admin = self.is_admin(peer.uid)
+        for key in ("running", "held"):
+            for item in reply.get(key, []):
+                job = self.sched.jobs.get(item["id"])
+                if not admin and (job is None or job.spec.owner_uid != peer.uid):
+                    item.update({k: None for k in ("name", "argv") if k in item})
+        return reply
 
     # ---- submit ---------------------------------------------------------------------
 
@@ -146,6 +166,7 @@ class Api:
         ]
 
     async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
+        self.may_submit(peer)
         if self.sched.draining and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self._check_fits(req)
@@ -159,14 +180,15 @@ class Api:
                 out.append(views.job_json(job, host_memory=self.sched.projection(spec)))
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
-        queued = await self.store.queued_count(peer.uid)
-        if queued + len(specs) > self.cfg.max_queued_per_user:
-            raise ProtocolError(
-                protocol.LIMIT,
-                f"uid {peer.uid} has {queued} active jobs; the limit is "
-                f"{self.cfg.max_queued_per_user}",
-            )
-        jobs = await self.sched.submit(specs)
+        async with self.submitting:
+            queued = await self.store.queued_count(peer.uid)
+            if queued + len(specs) > self.cfg.max_queued_per_user:
+                raise ProtocolError(
+                    protocol.LIMIT,
+                    f"uid {peer.uid} has {queued} active jobs; the limit is "
+                    f"{self.cfg.max_queued_per_user}",
+                )
+            jobs = await self.sched.submit(specs)
         if req.type == "submit" and len(jobs) == 1:
             job = jobs[0]
             return {"ok": True, "ids": [job.id], "job": self.job_view(job)}
@@ -185,11 +207,13 @@ class Api:
 
     async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
         rows = await self.store.list_jobs(req.states, req.limit, req.before_id)
+        admin = self.is_admin(peer.uid)  # once: a group lookup may go to the network
         out = []
         for row in rows:
             job = self.sched.jobs.get(row.id, row)
             full = self.job_view(job)
-            out.append(full if self.may_act(peer, job) else views.public_view(full))
+            mine = admin or job.spec.owner_uid == peer.uid
+            out.append(full if mine else views.public_view(full))
         return {"ok": True, "jobs": out}
 
     async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
@@ -203,9 +227,17 @@ class Api:
             attempts=await self.store.attempts(job.id),
             events=await self.store.events(job.id),
         )
+        live = self.sched.running.get(job.id)
+        if live is not None and obj["attempts"]:  # the running attempt's figures so far
+            obj["attempts"][-1]["peak_rss_mb"] = live.peak_rss_mb or None
+            obj["attempts"][-1]["rss_mb"] = live.rss_mb
         return {"ok": True, "job": obj}
 
     async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        for job_id in req.ids:  # all allowed, or nothing is cancelled
+            job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
+            if job is not None and not self.may_act(peer, job):
+                raise _forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
         results = []
         for job_id in req.ids:
             try:
@@ -213,9 +245,7 @@ class Api:
             except ProtocolError as exc:
                 results.append({"id": job_id, "ok": False, "error": exc.message})
                 continue
-            if not self.may_act(peer, job):
-                results.append({"id": job_id, "ok": False, "error": "forbidden"})
-            elif job.state.terminal:
+            if job.state.terminal:
                 results.append({"id": job_id, "ok": False, "error": f"already {job.state.value}"})
             elif job.state is JobState.QUEUED:
                 await self.sched.cancel_queued(job)
@@ -223,8 +253,6 @@ class Api:
             else:
                 await self.stop_job(job_id)
                 results.append({"id": job_id, "ok": True, "state": "cancelling"})
-        if any(r["error"] == "forbidden" for r in results if not r["ok"]):
-            raise _forbidden("cancel another user's job")
         return {"ok": True, "results": results}
 
     async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:

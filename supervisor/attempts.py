@@ -34,7 +34,10 @@ def _user_of(uid: int) -> tuple[dict[str, str], int | None, int | None, tuple[in
     daemon can only run jobs as itself, and the server accepts only its own uid."""
     if os.geteuid() != 0 or uid == os.geteuid():
         return {}, None, None, None
-    entry = pwd.getpwuid(uid)
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:  # never fall back to root's identity; nor guess one
+        raise SpawnError(f"uid {uid} has no passwd entry: cannot set up its groups") from None
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
     env = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
     return env, uid, entry.pw_gid, groups
@@ -172,8 +175,10 @@ class AttemptRunner:
             return FailureReason.SPAWN_FAILED, None
         if r.kill_reason is not None:
             return r.kill_reason, r.evidence
+        if classify_exit(status) is None:  # a success stands, whatever the log said
+            return None, None
         hang = self.hang_evidence(r)
-        if hang is None and r.cards and classify_exit(status) is not None:
+        if hang is None and r.cards:
             hang = await self.wait_for_fault(r)
             if r.kill_reason is not None:  # the line arrived and its abort claimed the job
                 return r.kill_reason, r.evidence

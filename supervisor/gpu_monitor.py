@@ -43,6 +43,7 @@ class GpuMonitor:
         self.lost_why: dict[int, str] = {}
         self._in_flight: set[int] = set()
         self._quarantine: dict[int, float] = {}  # card -> monotonic time to re-probe from
+        self.recovering: set[int] = set()  # cards being re-probed after a hang: no placements
 
     async def discover(self) -> None:
         self.cards = list(await self.call(self.backend.discover, "gpu-discover"))
@@ -62,7 +63,7 @@ class GpuMonitor:
                 index=c.index,
                 vram_total_mb=c.vram_total_mb,
                 vram_used_mb=c.vram_used_mb,
-                healthy=c.health == "ok",
+                healthy=c.health == "ok" and c.index not in self.recovering,
                 running=(),
             )
             for c in self.cards

@@ -137,9 +137,15 @@ class HangWatcher:
         the deadman, since each step can block forever on a wedged driver."""
         assert self.attempts is not None
         backend = self.monitor.backend
-        await self.attempts.stop(
-            r, FailureReason.GPU_HANG, evidence, after_kill=lambda: backend.query(card)
-        )
+        self.monitor.recovering.add(card)
+        self.monitor.on_change()
+        try:
+            await self.attempts.stop(
+                r, FailureReason.GPU_HANG, evidence, after_kill=lambda: backend.query(card)
+            )
+        finally:
+            self.monitor.recovering.discard(card)
+            self.monitor.on_change()
 
     async def watchdog_hang(self, r: Running, evidence: dict[str, Any]) -> None:
         log.warning("no progress at idle GPU: treating as a hang", job_id=r.job_id, **evidence)
@@ -147,7 +153,12 @@ class HangWatcher:
 
     def hang_evidence(self, r: Running) -> dict[str, Any] | None:
         now = time.monotonic()
-        near = [f for f in self.faults if f.card in r.cards and now - f.mono <= self.window_s]
+        # Lines from before this attempt began were about whoever had the card then.
+        near = [
+            f
+            for f in self.faults
+            if f.card in r.cards and now - f.mono <= self.window_s and f.mono >= r.started_mono
+        ]
         return self._evidence(near) if near else None
 
     async def wait_for_fault(self, r: Running) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,10 +60,13 @@ class Scheduler:
         self.queue: list[tuple[int, int]] = []  # (-priority, id) of queued jobs, sorted
         self.running: dict[int, Running] = {}
         self.held_since: dict[int, float] = {}
+        self.announced: dict[int, set[str]] = {}  # hold reasons already evented, per wait
         self.history: dict[str, list[MemObservation]] = {}
         self.pending_deps: dict[int, set[int]] = {}
         self.dependents: dict[int, set[int]] = {}
         self.waiters: dict[int, list[anyio.Event]] = {}
+        # Told of every put as (old, new): hooks and metrics watch state changes here.
+        self.observers: list[Callable[[Job | None, Job], None]] = []
         self.wake = anyio.Event()
         self.draining = False
         self.seq = 0
@@ -87,6 +90,7 @@ class Scheduler:
         if i < len(self.queue) and self.queue[i] == key:
             del self.queue[i]
         self.held_since.pop(job.id, None)
+        self.announced.pop(job.id, None)
 
     def put(self, job: Job) -> None:
         """Record a job's new state in memory: queue it, keep it running, or let it go."""
@@ -100,6 +104,8 @@ class Scheduler:
         else:
             self.jobs.pop(job.id, None)
             self._finished(job)
+        for observe in self.observers:
+            observe(old, job)
         self.poke()
 
     def _finished(self, job: Job) -> None:
@@ -110,10 +116,20 @@ class Scheduler:
             if pending is None:
                 continue
             pending.discard(job.id)
-            if job.state is not JobState.SUCCEEDED and self.tg is not None:
+            if job.state is JobState.SUCCEEDED:
+                self._show_deps(child)
+            elif self.tg is not None:
                 self.tg.start_soon(self.fail_dependency, child, job.id)
-            elif not pending:
-                del self.pending_deps[child]
+
+    def _show_deps(self, job_id: int) -> None:
+        """`waiting_for` names the parents still to succeed; with none left, the job may run."""
+        pending = self.pending_deps.get(job_id)
+        if not pending:
+            self.pending_deps.pop(job_id, None)
+        job = self.jobs.get(job_id)
+        if job is not None:
+            waiting = f"waiting for job {', '.join(map(str, sorted(pending)))}" if pending else None
+            self.jobs[job_id] = dataclasses.replace(job, waiting_for=waiting)
 
     def poke(self) -> None:
         self.wake.set()
@@ -215,18 +231,21 @@ class Scheduler:
         return max(0.0, min(waits)) if waits else None
 
     async def _hold(self, hold: admission.Hold) -> None:
+        """Show why a job waits; record one `queue_wait` event per reason per wait, however
+        often the blocker changes back and forth while it stays queued."""
         job = self.jobs.get(hold.job_id)
         if job is None:
             return
         self.held_since.setdefault(job.id, monotonic())
-        if job.hold_reason == hold.reason:
-            if job.waiting_for != hold.message:  # figures moved: show them, persist nothing
-                self.jobs[job.id] = dataclasses.replace(job, waiting_for=hold.message)
+        if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
+            job = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
+            self.jobs[job.id] = job
+        announced = self.announced.setdefault(job.id, set())
+        if hold.reason in announced:
             return
-        held = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
-        self.jobs[job.id] = held
+        announced.add(hold.reason)
         await self.store.save(
-            held, now_iso(), Event("queue_wait", hold.message, {"reason": hold.reason})
+            job, now_iso(), Event("queue_wait", hold.message, {"reason": hold.reason})
         )
 
     def _claim(self, start: admission.Start) -> None:
@@ -273,39 +292,47 @@ class Scheduler:
         ids = await self.store.insert_jobs(specs, at)
         jobs = [Job(id=i, spec=s, submitted_at=at) for i, s in zip(ids, specs, strict=True)]
         for job in jobs:
+            if job.spec.after:  # no dispatch before its parents are known
+                self.pending_deps[job.id] = set()
             self._enqueue(job)
-            await self._track_deps(job)
+        for job in jobs:
+            if job.spec.after:
+                await self._track_deps(job)
         self.poke()
         return jobs
 
     async def _track_deps(self, job: Job) -> None:
-        pending = set()
-        for parent in job.spec.after:
-            active = self.jobs.get(parent)
-            state = active.state if active else None
-            if state is None:
+        """Wait for the parents still active; fail now if one ended without success.
+
+        Ended parents are read from the store first (their state can no longer change);
+        the active ones are then registered with no await in between, so none can end
+        unseen."""
+        ended: dict[int, JobState] = {}
+        while missing := [p for p in job.spec.after if p not in self.jobs and p not in ended]:
+            for parent in missing:
                 row = await self.store.get_job(parent)
-                state = row.state if row else JobState.FAILED
-            if state is JobState.SUCCEEDED:
-                continue
-            if state.terminal:
-                await self.fail_dependency(job.id, parent)
-                return
-            pending.add(parent)
+                ended[parent] = row.state if row else JobState.FAILED
+        current = self.jobs.get(job.id)
+        if current is None or current.state is not JobState.QUEUED:
+            return  # cancelled meanwhile
+        bad = [p for p in job.spec.after if p in ended and ended[p] is not JobState.SUCCEEDED]
+        if bad:
+            await self.fail_dependency(job.id, bad[0])
+            return
+        pending = {p for p in job.spec.after if p in self.jobs}
+        for parent in pending:
             self.dependents.setdefault(parent, set()).add(job.id)
-        if pending:
-            self.pending_deps[job.id] = pending
-            waiting = ", ".join(str(p) for p in sorted(pending))
-            self.jobs[job.id] = dataclasses.replace(job, waiting_for=f"waiting for job {waiting}")
+        self.pending_deps[job.id] = pending
+        self._show_deps(job.id)
 
     async def fail_dependency(self, job_id: int, parent: int) -> None:
         job = self.jobs.get(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return
-        self.pending_deps.pop(job_id, None)
         failed = transition(job, JobState.FAILED, now_iso(), FailureReason.DEPENDENCY_FAILED)
         message = f"dependency {parent} did not succeed"
         await self.store.save(failed, now_iso(), Event("dependency_failed", message))
+        self.pending_deps.pop(job_id, None)  # only now: until then it must not be dispatched
         self.put(failed)
 
     async def cancel_queued(self, job: Job) -> Job:

@@ -296,6 +296,7 @@ class Store:
         self.db = db
         self._pending: list[tuple[Op[Any], anyio.Event, list[Any]]] = []
         self._wake = anyio.Event()
+        self._writer_running = False
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -337,18 +338,25 @@ class Store:
         done = anyio.Event()
         box: list[Any] = []
         self._pending.append((op, done, box))
-        self._wake.set()
+        if self._writer_running:
+            self._wake.set()
+        else:  # before the writer task starts (start-up) or after it stopped
+            await self.flush()
         await done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
         return cast(T, box[0])
 
     async def run_writer(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        self._writer_running = True
         task_status.started()
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            await self.flush()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                await self.flush()
+        finally:
+            self._writer_running = False
 
     async def flush(self) -> None:
         """Commit everything queued so far in one transaction."""
@@ -584,4 +592,4 @@ class Store:
         rows = await self._all(
             "SELECT at, data FROM daemon_events WHERE kind=? ORDER BY id", (kind,)
         )
-        return [{"at": at, **json.loads(data)} for at, data in rows]
+        return [{**json.loads(data), "at": at} for at, data in rows]

@@ -1,0 +1,100 @@
+"""The deadman and systemd integration against a real daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Daemon
+from .test_gpu_hangs import XID_109_CARD0
+
+
+def test_a_wedged_abort_exits_70_with_forensics_and_the_job_survives_a_restart(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(env={"GPUSVD_ABORT_DEADLINE_S": "2"})
+    marker = d.root / "started"
+    script = f'if [ "$GPUSV_ATTEMPT" = 1 ]; then echo x > {marker}; sleep 300; fi'
+    job = d.submit("sh", "-c", script)
+    d.wait_for(marker.exists, what="the job to start")
+    d.set_card(0, wedged=True)
+    wedged_at = time.monotonic()
+    d.append_kernel(XID_109_CARD0)
+    assert d.proc is not None
+    code = d.proc.wait(timeout=2 + 10)
+    took = time.monotonic() - wedged_at
+    assert code == 70
+    log = d.log_text()
+    assert "CRITICAL" in log.upper()
+    assert "deadline" in log
+    assert f"job-{job}" in log  # what was being aborted, named
+    assert "nvidia-smi" in log
+    assert "Xid" in log  # the last kernel-log lines seen
+    d.set_card(0, wedged=False)
+    d.start()
+    done = d.wait_done(job)
+    assert done["state"] == "succeeded"
+    assert done["retries"]["ordinary"]["used"] == 0
+    health = d.cli("health", check=False)
+    assert health.returncode == 1 and "deadman" in health.stdout
+    print(f"card wedged -> exit 70: {took:.2f}s (deadline 2 s)")
+
+
+class NotifySocket:
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+
+    def drain(self, seconds: float) -> list[str]:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            with contextlib.suppress(TimeoutError):
+                self.messages.append((time.monotonic(), self.sock.recv(4096).decode()))
+        return [m for _, m in self.messages]
+
+    def wait_for(self, text: str, seconds: float = 20.0) -> float:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for at, message in self.messages:
+                if text in message:
+                    return at
+            self.drain(0.2)
+        raise AssertionError(f"no {text!r} in {self.messages}")
+
+
+@pytest.fixture
+def notify(tmp_path: Path) -> Iterator[NotifySocket]:
+    sock = NotifySocket(tmp_path / "notify.sock")
+    yield sock
+    sock.sock.close()
+
+
+def test_sd_notify_ready_status_watchdog_and_stopping(
+    make_daemon: Callable[..., Daemon], notify: NotifySocket, tmp_path: Path
+) -> None:
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000"}
+    d = make_daemon(env=env, start=False)
+    started = time.monotonic()
+    d.start(wait=False)
+    ready_at = notify.wait_for("READY=1")
+    print(f"process start -> READY=1: {ready_at - started:.2f}s")
+    notify.wait_for("STATUS=")
+    status = next(m for _, m in notify.messages if m.startswith("STATUS="))
+    assert "GPUs 2/2 ok" in status and "running" in status
+    notify.drain(2.2)
+    pings = [at for at, m in notify.messages if m == "WATCHDOG=1" and at > ready_at]
+    assert len(pings) >= 3  # every WATCHDOG_USEC/2 = 0.5 s
+    job = d.submit("sleep", "300")
+    d.wait_state(job, "running")
+    notify.wait_for("1 running")
+    assert d.stop(signal.SIGTERM) == 0
+    notify.drain(0.3)
+    assert any(m == "STOPPING=1" for _, m in notify.messages)

@@ -1,0 +1,198 @@
+"""Host-RAM admission, OOM ranking and the squeeze guard, with real memory-hungry jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Daemon
+
+PY = sys.executable
+# Allocate and touch N MiB, hold it at least 0.6 s and until $RELEASE exists, exit 0.
+# What varies between runs is in the environment, so every run has the same memory key.
+HOG = (
+    "import sys, time, os; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * "
+    "len(b[::4096]); time.sleep(0.6)\n"
+    "while not os.path.exists(os.environ.get('RELEASE', '/')): time.sleep(0.05)"
+)
+
+
+def hog(d: Daemon, mb: int, release: Path | None = None, **opts: object) -> int:
+    env = {"RELEASE": str(release)} if release else {}
+    return d.submit(PY, "-c", HOG, str(mb), env=env, **opts)
+
+
+CONFIG = """
+[host_memory]
+limit = "600M"
+reserve = "10M"
+sample_interval_s = 0.1
+"""
+
+
+def queue_waits(job: dict[str, object]) -> list[dict[str, object]]:
+    events = job["events"]
+    assert isinstance(events, list)
+    return [e for e in events if e["kind"] == "queue_wait" and e["reason"] == "host_ram"]
+
+
+def test_two_heavy_jobs_one_runs_one_is_held_and_a_small_one_backfills(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(config=CONFIG)
+    seed = hog(d, 300)
+    seeded = d.wait_done(seed)
+    assert seeded["state"] == "succeeded"
+    assert seeded["attempts"][0]["peak_rss_mb"] >= 300
+    release = d.root / "release"
+    first = hog(d, 300, release)
+    second = hog(d, 300, release)
+    d.wait_state(first, "running")
+    held = d.wait_for(
+        lambda: (j := d.show(second))["waiting_for"] and j, what="the second job to be held"
+    )
+    assert held["state"] == "queued"
+    assert held["waiting_for"].startswith("waiting for host RAM: needs ~")
+    assert held["host_memory"]["basis"] == "observed"
+    assert held["host_memory"]["runs"] == 1
+    assert held["host_memory"]["projected_mb"] >= 300
+    listed = {j["id"]: j for j in json.loads(d.cli("list", "--json").stdout)}
+    assert listed[second]["waiting_for"] == held["waiting_for"]
+    # A card is idle, and a never-run job (no figure) backfills onto it.
+    gpus = json.loads(d.cli("gpus", "--json").stdout)
+    assert sorted(len(g["running_jobs"]) for g in gpus) == [0, 1]
+    small = d.submit("sh", "-c", "echo small")
+    assert d.wait_done(small)["state"] == "succeeded"
+    time.sleep(0.5)  # several passes with the hold in place
+    assert len(queue_waits(d.show(second))) == 1
+    release.touch()
+    for job in (first, second):
+        assert d.wait_done(job)["state"] == "succeeded"
+    assert len(queue_waits(d.show(second))) == 1
+    assert d.show(second)["waiting_for"] is None
+
+
+def test_dry_run_shows_the_observed_projection(make_daemon: Callable[..., Daemon]) -> None:
+    d = make_daemon(config=CONFIG)
+    d.wait_done(hog(d, 100))
+    dry = json.loads(d.cli("submit", "--dry-run", "--json", "--", PY, "-c", HOG, "100").stdout)
+    assert dry["host_memory"]["basis"] == "observed"
+    assert 100 <= dry["host_memory"]["projected_mb"] <= 200
+
+
+def test_cancelling_a_held_job_leaves_other_holds_intact(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(config=CONFIG, gpus="3x8G")
+    release = d.root / "release"
+    big = hog(d, 50, release, mem_mb=500)
+    d.wait_state(big, "running")
+    held = [d.submit("sleep", "0.1", mem_mb=400) for _ in range(2)]
+    for job in held:
+        d.wait_for(lambda j=job: d.show(j)["waiting_for"], what="a hold")
+    d.cli("cancel", str(held[0]))
+    assert d.show(held[0])["waiting_for"] is None
+    assert d.show(held[0])["state"] == "cancelled"
+    assert d.show(held[1])["waiting_for"].startswith("waiting for host RAM")
+    release.touch()
+    assert d.wait_done(held[1])["state"] == "succeeded"
+
+
+def test_squeeze_guard_stops_the_newest_job(make_daemon: Callable[..., Daemon]) -> None:
+    # MemAvailable is always below a threshold this high: the guard must act at once.
+    config = CONFIG + 'squeeze_below = "1000T"\nlimit = "2000T"\n'
+    d = make_daemon(config=config.replace('limit = "600M"\n', ""))
+    job = d.submit("sleep", "300", retries=0)
+    done = d.wait_done(job)
+    assert done["reason"] == "oom_killed"
+    assert done["attempts"][0]["evidence"]["source"] == "squeeze_guard"
+
+
+def _memory_cgroup_v1() -> Path | None:
+    root = Path("/sys/fs/cgroup/memory")
+    return root if (root / "memory.limit_in_bytes").exists() else None
+
+
+def _memory_cgroup_v2() -> Path | None:
+    root = Path("/sys/fs/cgroup")
+    controllers = root / "cgroup.controllers"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        return root
+    return None
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_mb: int) -> Iterator[Path]:
+    """A memory-limited cgroup for the daemon and its jobs (v1 or v2)."""
+    name = f"gpusv-test-{uuid.uuid4().hex[:8]}"
+    if (v2 := _memory_cgroup_v2()) is not None:
+        path = v2 / name
+        path.mkdir()
+        (path / "memory.max").write_text(str(limit_mb << 20))
+        (path / "memory.swap.max").write_text("0")
+    elif (v1 := _memory_cgroup_v1()) is not None:
+        path = v1 / name
+        path.mkdir()
+        (path / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+        with contextlib.suppress(OSError):
+            (path / "memory.memsw.limit_in_bytes").write_text(str(limit_mb << 20))
+    else:
+        pytest.skip("no memory cgroup controller (v1 or v2) is available")
+    try:
+        yield path
+    finally:
+        for _ in range(100):
+            for pid in (path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
+def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    grow = (
+        "import time; chunks = []\n"
+        "while True:\n"
+        "    b = bytearray(10 << 20); b[::4096] = b'x' * len(b[::4096]); chunks.append(b)\n"
+        "    time.sleep(0.02)"
+    )
+    with memory_cgroup(450) as cgroup:
+        d = make_daemon(start=False, config="[host_memory]\nsample_interval_s = 0.1\n")
+        argv = d.argv()
+        procs = cgroup / "cgroup.procs"
+        wrapper = f'echo $$ > {procs} && exec "$@"'
+        with open(d.log, "ab") as log:
+            d.proc = subprocess.Popen(
+                ["sh", "-c", wrapper, "sh", *argv], stdout=log, stderr=log, env=d.env
+            )
+        d.wait_ready()
+        release = d.root / "release"
+        older = hog(d, 200, release, retries=0)
+        d.wait_for(
+            lambda: ((d.show(older)["attempts"] or [{}])[0].get("peak_rss_mb") or 0) >= 200,
+            what="the older job to hold its memory",
+        )
+        time.sleep(0.3)
+        newer = d.submit(PY, "-c", grow, retries=0)
+        killed = d.wait_done(newer, timeout=60)
+        assert killed["reason"] == "oom_killed", killed["attempts"]
+        assert killed["attempts"][0]["signal"] == 9
+        assert d.show(older)["state"] == "running"
+        release.touch()
+        assert d.wait_done(older)["state"] == "succeeded"
+        d.stop()
