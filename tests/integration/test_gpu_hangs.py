@@ -144,3 +144,31 @@ def test_a_job_that_keeps_hanging_spends_its_hang_budget_then_fails(daemon: Daem
     assert [a["reason"] for a in done["attempts"]] == ["gpu_hang"] * 3
     assert done["retries"]["gpu_hang"] == {"used": 2, "budget": 2}
     assert done["retries"]["ordinary"]["used"] == 0
+
+
+def test_a_line_after_the_exit_reclassifies_a_queued_retry(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G")
+    marker = d.root / "started"
+    script = f'if [ "$GPUSV_ATTEMPT" = 1 ]; then echo x > {marker}; sleep 0.5; exit 1; fi'
+    job = d.submit("sh", "-c", script)
+    d.wait_for(marker.exists, what="the job to start")
+    blocker = d.submit("sleep", "300", priority=10)  # keeps the retry queued
+    d.wait_state(blocker, "running")
+    first = d.show(job)
+    assert first["state"] == "queued"
+    assert first["attempts"][0]["reason"] == "exit_nonzero"
+    assert first["retries"]["ordinary"]["used"] == 1
+    d.append_kernel(XID_109_CARD0)
+    fixed = d.wait_for(
+        lambda: (j := d.show(job))["attempts"][0]["reason"] == "gpu_hang" and j,
+        what="the attempt reclassified",
+    )
+    assert fixed["retries"]["ordinary"]["used"] == 0
+    assert fixed["retries"]["gpu_hang"]["used"] == 1
+    d.cli("cancel", str(blocker))
+    assert d.wait_done(job)["state"] == "succeeded"
+    hangs = json.loads(d.cli("stats", "--json").stdout)["gpu_hangs"]
+    # The line also hit the blocker, which was on the card when it arrived.
+    assert sorted(h["job"] for h in hangs) == [job, blocker]
