@@ -105,7 +105,6 @@ class AttemptRunner:
             new_attempt=r.attempt,
         )
         self.sched.put(started)
-        log.info("job started", job_id=job.id, attempt=r.attempt.n, gpus=list(r.cards))
         try:
             handle = spawn(self._launch_spec(started, r))
         except SpawnError as exc:
@@ -221,13 +220,6 @@ class AttemptRunner:
         self.sched.running.pop(job.id, None)
         self.rank()
         self.sched.put(final)
-        log.info(
-            "job attempt ended",
-            job_id=job.id,
-            attempt=ended.n,
-            reason=ended.reason or "succeeded",
-            state=final.state.value,
-        )
         if self.on_end is not None:
             self.on_end(final, r)
 

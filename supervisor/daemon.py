@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from . import logs, oom, runner, views
+from . import logs, oom, runner
 from .api import Api
 from .attempts import AttemptRunner
 from .clock import iso_from_epoch
@@ -30,7 +30,7 @@ from .forensics import Forensics
 from .gpu_monitor import GpuMonitor
 from .gpus import open_backend
 from .hangs import HangWatcher
-from .hooks import run_hook
+from .hooks import Hooks
 from .jobs import FailureReason, Job, JobState
 from .recovery import reconcile
 from .sampling import Sampler
@@ -56,6 +56,7 @@ class Parts:
     board: HealthBoard
     hangs: HangWatcher
     server: Server
+    telemetry: Telemetry = field(init=False)
 
 
 def _deadman_exit(state_dir: Path) -> Any:
@@ -109,6 +110,8 @@ async def build(cfg: Config) -> Parts:
     await monitor.discover()
     sched.cards = monitor.admission_cards()
     hangs = HangWatcher(sched, monitor, cfg)
+    hooks = Hooks(cfg.hooks, sched)
+    pass
     attempts = AttemptRunner(
         sched,
         logs_dir=state / "logs",
@@ -118,9 +121,10 @@ async def build(cfg: Config) -> Parts:
         hang_evidence=hangs.hang_evidence,
         wait_for_fault=hangs.wait_for_fault,
         oom_kills_now=hangs.oom_kills_now,
-        on_end=lambda job, r: _on_end(cfg, sched, hangs, job, r),
+        on_end=lambda job, r: _on_end(hangs, hooks, job, r),
     )
     hangs.attempts = attempts
+    sched.beat = lambda: board.beat("scheduler", time.monotonic())
     hangs.beat = lambda: board.beat("kernel-log", time.monotonic())
     sched.launch = attempts.launch
     forensics.provide(running_jobs=lambda: _running(sched), recent_kernel_lines=hangs.recent)
@@ -134,7 +138,8 @@ async def build(cfg: Config) -> Parts:
         idle_timeout_s=cfg.limits.idle_timeout_s,
     )
     parts = Parts(cfg, store, sched, monitor, attempts, deadman, Notifier(), board, hangs, server)
-    telemetry = Telemetry(parts)
+    telemetry = parts.telemetry = Telemetry(parts)
+    sched.observers.append(telemetry.metrics.observe_job)
     api = Api(
         cfg,
         sched,
@@ -145,24 +150,14 @@ async def build(cfg: Config) -> Parts:
     )
     api_parts["api"] = api
     server.admit = api.admit
+    telemetry.may_see = api.may_act
     return parts
 
 
-def _on_end(cfg: Config, sched: Scheduler, hangs: HangWatcher, job: Job, r: Running) -> None:
+def _on_end(hangs: HangWatcher, hooks: Hooks, job: Job, r: Running) -> None:
     """After an attempt is recorded: hang bookkeeping, then the operator's hooks."""
     hangs.on_attempt_end(job, r)
-    hooks = cfg.hooks
-    due = []
-    if r.attempt.reason == FailureReason.GPU_HANG.value and hooks.on_gpu_hang:
-        due.append(("on_gpu_hang", hooks.on_gpu_hang))
-    if job.state.terminal and hooks.on_finish:
-        due.append(("on_finish", hooks.on_finish))
-    if not due or sched.tg is None:
-        return
-    payload = views.job_json(job, host_memory=sched.projection(job.spec))
-    payload["attempt"] = r.attempt.to_json()
-    for name, argv in due:
-        sched.tg.start_soon(run_hook, name, argv, payload, hooks.timeout_s)
+    hooks.after_attempt(job, r.attempt)
 
 
 def _cards_changed(sched: Scheduler, monitor: GpuMonitor) -> None:
@@ -236,8 +231,7 @@ async def _status(parts: Parts) -> None:
                 sched.draining,
             )
         )
-        parts.board.beat("scheduler", time.monotonic())
-        sched.poke()
+        sched.poke()  # the dispatch loop checks in after the pass this wakes
         await anyio.sleep(2.0)
 
 
@@ -281,6 +275,8 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
+            if parts.cfg.metrics_listen:
+                await tg.start(parts.telemetry.serve_metrics)
             parts.notifier.ready()
             log.info(
                 "ready",

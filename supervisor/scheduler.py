@@ -72,6 +72,7 @@ class Scheduler:
         self.seq = 0
         self.cards: list[admission.Card] = []
         self.launch: Any = None  # set by the daemon: async (job, start) -> None
+        self.beat: Any = lambda: None  # set by the daemon: the loop checked in
         self.tg: anyio.abc.TaskGroup | None = None
         total = read_meminfo().total_mb
         self.mem_total_mb = total
@@ -280,6 +281,7 @@ class Scheduler:
             while True:
                 self.wake = anyio.Event()
                 delay = await self.dispatch_pass()
+                self.beat()
                 with anyio.move_on_after(delay if delay is not None else 3600):
                     await self.wake.wait()
 

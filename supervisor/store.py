@@ -16,9 +16,11 @@ from typing import Any, TypeVar, cast
 
 import aiosqlite
 import anyio
+import structlog
 
 from .jobs import FailureReason, Job, JobSpec, JobState
 
+log = structlog.get_logger("gpusvd.events")
 T = TypeVar("T")
 Op = Callable[[aiosqlite.Connection], Awaitable[T]]
 
@@ -402,7 +404,13 @@ class Store:
                 await _insert_event(db, job_id, at, Event("submitted", "submitted"))
             return ids
 
-        return await self.write(op)
+        ids = await self.write(op)
+        if len(ids) <= 10:
+            for job_id in ids:
+                log.info("submitted", event_kind="submitted", job_id=job_id, state="queued")
+        else:  # a batch: one line, not ten thousand
+            log.info("submitted", event_kind="submitted", job_ids=f"{ids[0]}-{ids[-1]}")
+        return ids
 
     async def save(
         self,
@@ -426,6 +434,8 @@ class Store:
                 await _insert_event(db, job.id, at, ev)
 
         await self.write(op)
+        for ev in [event] if isinstance(event, Event) else list(event or ()):
+            log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
 
     async def set_attempt_pid(self, a: Attempt) -> None:
         async def op(db: aiosqlite.Connection) -> None:
