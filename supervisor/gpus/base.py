@@ -27,6 +27,33 @@ class GpuInfo:
     health: Health
 
 
+def reading(
+    index: int,
+    vendor: Vendor,
+    name: str,
+    pci_bus_id: str,
+    driver_version: str,
+    *,
+    total: int,
+    used: int,
+    util: float,
+    lost: bool,
+) -> GpuInfo:
+    """A card's reading with the backend's raw figures clamped to what can be true."""
+    return GpuInfo(
+        index=index,
+        vendor=vendor,
+        vendor_index=index,
+        name=name,
+        pci_bus_id=pci_bus_id,
+        vram_total_mb=total,
+        vram_used_mb=min(used, total),
+        utilization_pct=min(max(util, 0.0), 100.0),
+        driver_version=driver_version,
+        health="lost" if lost else "ok",
+    )
+
+
 class GpuError(Exception):
     """A GPU could not be read or a backend could not be opened."""
 

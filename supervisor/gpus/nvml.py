@@ -20,6 +20,7 @@ from supervisor.gpus.base import (
     bus_id_key,
     bytes_to_mb,
     normalize_bus_id,
+    reading,
 )
 from supervisor.gpus.visibility import visibility_env
 
@@ -191,15 +192,14 @@ class NvmlBackend:
     def _info(
         self, index: int, card: NvmlCard, *, total: int, used: int, util: float, lost: bool
     ) -> GpuInfo:
-        return GpuInfo(
-            index=index,
-            vendor="nvidia",
-            vendor_index=index,
-            name=card.name,
-            pci_bus_id=card.pci_bus_id,
-            vram_total_mb=total,
-            vram_used_mb=min(used, total),
-            utilization_pct=min(max(util, 0.0), 100.0),
-            driver_version=self._driver_version,
-            health="lost" if lost else "ok",
+        return reading(
+            index,
+            "nvidia",
+            card.name,
+            card.pci_bus_id,
+            self._driver_version,
+            total=total,
+            used=used,
+            util=util,
+            lost=lost,
         )
