@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import structlog
 
 from . import oom, retry
@@ -22,7 +23,7 @@ from .clock import now_iso
 from .gpus import apply_visibility
 from .jobs import ExitStatus, FailureReason, Job, JobState, classify_exit, transition
 from .projection import MemObservation
-from .runner import LaunchSpec, SpawnError, spawn
+from .runner import LaunchSpec, ProcessTable, SpawnError, spawn
 from .scheduler import Running, Scheduler
 from .store import Event
 
@@ -106,7 +107,7 @@ class AttemptRunner:
         )
         self.sched.put(started)
         try:
-            handle = spawn(self._launch_spec(started, r))
+            handle = await anyio.to_thread.run_sync(spawn, self._launch_spec(started, r))
         except SpawnError as exc:
             await self.finish(started, r, None, spawn_error=str(exc))
             return
@@ -114,23 +115,29 @@ class AttemptRunner:
         r.oom_kills_at_start = self.oom_kills_now()
         r.attempt = dataclasses.replace(r.attempt, pid=handle.pid, pid_start=handle.start_time)
         self.rank()
-        await self.store.set_attempt_pid(r.attempt)
+        # For recovery only (a restart kills a leftover by pid): not worth a commit's wait.
+        assert self.sched.tg is not None
+        self.sched.tg.start_soon(self._record_pid, r)
         if r.kill_reason is not None:  # cancelled or drained while we were starting it
             await self.stop(r, r.kill_reason, r.evidence)
         status = await handle.wait()
         await self.finish(self.sched.jobs.get(job.id, started), r, status)
 
+    async def _record_pid(self, r: Running) -> None:
+        try:
+            await self.store.set_attempt_pid(r.attempt)
+        except Exception as exc:  # the job runs on; only a restart would miss the pid
+            log.warning("cannot record the pid", job_id=r.job_id, error=repr(exc))
+
     def rank(self) -> None:
         """Newest dispatched job's tree at 1000, every other job's at the base value, so
         the kernel kills the newest first; re-run when the newest ends (the next newest
         is promoted) and after each dispatch (the new job set its own value before exec)."""
-        trees = {
-            r.job_id: [p.pid for p in r.handle.tree()]
-            for r in self.sched.running.values()
-            if r.handle is not None
-        }
-        if not trees:
+        handles = {r.job_id: r.handle for r in self.sched.running.values() if r.handle}
+        if not handles:
             return
+        table = ProcessTable()  # one read of /proc for every job's tree
+        trees = {job_id: [p.pid for p in h.tree(table)] for job_id, h in handles.items()}
         newest = oom.newest_job(
             {r.job_id: r.seq for r in self.sched.running.values() if r.job_id in trees}
         )
@@ -217,8 +224,10 @@ class AttemptRunner:
         final, events = self.decide(job, reason, status, spawn_error)
         await self.store.save(final, at, events, ended_attempt=ended)
         r.attempt = ended
+        newest = oom.newest_job({j.job_id: j.seq for j in self.sched.running.values()})
         self.sched.running.pop(job.id, None)
-        self.rank()
+        if newest == job.id:  # the next newest is promoted; otherwise the order stands
+            self.rank()
         self.sched.put(final)
         if self.on_end is not None:
             self.on_end(final, r)

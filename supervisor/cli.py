@@ -332,6 +332,17 @@ def cmd_health(client: Client, a: argparse.Namespace) -> int:
     return 0 if health["ok"] else EXIT_NO
 
 
+def cmd_metrics(client: Client, a: argparse.Namespace) -> int:
+    sys.stdout.write(client.call({"type": "metrics"})["text"])
+    return 0
+
+
+def cmd_top(client: Client, a: argparse.Namespace) -> int:
+    from .top import run  # the terminal code loads only for this command
+
+    return run(lambda: client.call({"type": "top"}), once=a.once, interval=a.interval)
+
+
 # ---- parsing -------------------------------------------------------------------------
 
 
@@ -389,6 +400,11 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name)
         s.add_argument("--json", action="store_true")
         s.set_defaults(fn=fn)
+    sub.add_parser("metrics").set_defaults(fn=cmd_metrics)
+    s = sub.add_parser("top")
+    s.add_argument("--once", action="store_true")
+    s.add_argument("--interval", type=float, default=1.0)
+    s.set_defaults(fn=cmd_top)
     s = sub.add_parser("classify-kernel-log", add_help=False)
     s.add_argument("rest", nargs=argparse.REMAINDER)
     return p

@@ -111,7 +111,7 @@ async def build(cfg: Config) -> Parts:
     sched.cards = monitor.admission_cards()
     hangs = HangWatcher(sched, monitor, cfg)
     hooks = Hooks(cfg.hooks, sched)
-    pass
+    sched.observers.append(hooks.on_change)
     attempts = AttemptRunner(
         sched,
         logs_dir=state / "logs",
@@ -297,7 +297,20 @@ def watchdog_task_for(parts: Parts, interval: float) -> Any:
     return task
 
 
+def _pidfd_child_watcher() -> None:
+    """Python 3.11's default child watcher starts a thread per child process (hooks, the
+    journal reader); a pidfd watcher needs none. 3.12 does this by default."""
+    if sys.version_info >= (3, 12):
+        return
+    import asyncio
+
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+
+
 async def run(cfg: Config) -> int:
+    _pidfd_child_watcher()
     if runner.become_subreaper():
         log.debug("child subreaper set")
     warning = oom.daemon_self_adjust()

@@ -1,8 +1,13 @@
 """Operator hooks: `on_finish` and `on_gpu_hang` commands run with the job's JSON on stdin.
 
 For notifications (chat, e-mail) without polling. A hook runs as the daemon's user, in
-its own session, and is killed when it outlives `hooks.timeout_s`; a failing hook is
-logged and never affects the job.
+its own session, and its whole process group is killed when it outlives
+`hooks.timeout_s`; a failing hook is logged and never affects the job.
+
+`on_finish` fires once per job, when it reaches a terminal state: after its last attempt
+(`Hooks.after_attempt`), or without any attempt when it is cancelled while queued or one
+of its dependencies fails (`Hooks.on_change`, a scheduler observer). `on_gpu_hang` fires
+after every attempt that ended as `gpu_hang`, retried or not.
 """
 
 from __future__ import annotations
@@ -13,12 +18,60 @@ import os
 import signal
 import subprocess
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import structlog
 
+from . import views
+from .config import HooksConfig
+from .jobs import FailureReason, Job, JobState
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+    from .store import Attempt
+
 log = structlog.get_logger("gpusvd.hooks")
+STDERR_KEPT = 4096  # bytes of a failing hook's stderr that go to the log
+
+
+def due(
+    cfg: HooksConfig, job: Job, attempt_reason: str | None
+) -> list[tuple[str, tuple[str, ...]]]:
+    """Which hooks an end calls for: (name, argv) pairs, in the order they run."""
+    out = []
+    if attempt_reason == FailureReason.GPU_HANG.value and cfg.on_gpu_hang:
+        out.append(("on_gpu_hang", cfg.on_gpu_hang))
+    if job.state.terminal and cfg.on_finish:
+        out.append(("on_finish", cfg.on_finish))
+    return out
+
+
+class Hooks:
+    def __init__(self, cfg: HooksConfig, sched: Scheduler) -> None:
+        self.cfg = cfg
+        self.sched = sched
+
+    def after_attempt(self, job: Job, attempt: Attempt) -> None:
+        """An attempt was recorded; `job` is its job as it now stands."""
+        self._start(due(self.cfg, job, attempt.reason), job, attempt)
+
+    def on_change(self, old: Job | None, new: Job) -> None:
+        """A job that ends while queued has no attempt to report its end."""
+        if old is not None and old.state is JobState.QUEUED and new.state.terminal:
+            self._start(due(self.cfg, new, None), new, None)
+
+    def _start(
+        self, hooks: list[tuple[str, tuple[str, ...]]], job: Job, attempt: Attempt | None
+    ) -> None:
+        tg = self.sched.tg
+        if not hooks or tg is None:
+            return
+        payload = views.job_json(job, host_memory=self.sched.projection(job.spec))
+        payload["attempt"] = attempt.to_json() if attempt is not None else None
+        for name, argv in hooks:
+            tg.start_soon(run_hook, name, argv, payload, self.cfg.timeout_s)
 
 
 async def run_hook(
@@ -41,19 +94,39 @@ async def run_hook(
     except OSError as exc:
         log.warning("hook could not start", hook=name, argv=list(argv), error=str(exc))
         return None
-    async with proc:
-        with anyio.move_on_after(timeout_s) as scope:
-            assert proc.stdin is not None
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await proc.stdin.send(data)
-            await proc.stdin.aclose()
+    code: int | None = None
+    stderr = bytearray()
+    try:
+        with anyio.move_on_after(timeout_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_feed, proc, data)
+                await _collect(proc, stderr)
             code = await proc.wait()
-        if scope.cancelled_caught:
+    finally:
+        if code is None:  # timed out, or the daemon is stopping: nothing of it may stay
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            log.warning("hook timed out and was killed", hook=name, timeout_s=timeout_s)
-            return None
-    if code != 0:
-        log.warning("hook failed", hook=name, exit_code=code)
+        with anyio.CancelScope(shield=True):
+            await proc.aclose()
+    if code is None:
+        log.warning("hook timed out and was killed", hook=name, timeout_s=timeout_s)
+    elif code != 0:
+        tail = stderr.decode(errors="replace").strip()
+        log.warning("hook failed", hook=name, exit_code=code, stderr=tail)
     return code
+
+
+async def _feed(proc: anyio.abc.Process, data: bytes) -> None:
+    """A hook that ignores its stdin must not stall on it, nor make us fail."""
+    assert proc.stdin is not None
+    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await proc.stdin.send(data)
+    await proc.stdin.aclose()
+
+
+async def _collect(proc: anyio.abc.Process, out: bytearray) -> None:
+    """Read stderr to its end (a full pipe would block the hook), keeping the last bytes."""
+    assert proc.stderr is not None
+    async for chunk in proc.stderr:
+        out += chunk
+        del out[:-STDERR_KEPT]

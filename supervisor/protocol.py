@@ -29,6 +29,8 @@ MAX_RETRIES = 10_000
 MAX_SIZE_MB = 2**40  # a petabyte: anything larger is a typo
 MAX_LIST = 10_000
 LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")
+# Only a \uD800-\uDFFF escape can put a surrogate into decoded text (raw UTF-8 cannot).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 # Error codes: stable strings that clients may branch on.
 BAD_JSON = "bad_json"
@@ -55,7 +57,26 @@ class ProtocolError(Exception):
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    # backslashreplace: a lone surrogate (an undecodable file name in a CLI's argv) goes out
+    # as its JSON escape, which the daemon refuses with a typed error, instead of raising.
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace") + b"\n"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _lone_surrogate(text: str, obj: Any) -> bool:
+    """True if a string in the decoded request is not Unicode: it could be neither stored
+    nor executed nor echoed back in an answer."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return False
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return True
+    return False
 
 
 def decode_line(raw: bytes) -> dict[str, Any]:
@@ -67,11 +88,13 @@ def decode_line(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ProtocolError(BAD_JSON, f"request is not valid UTF-8: {exc.reason}") from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise ProtocolError(BAD_JSON, "request is nested too deeply") from None
     except ValueError as exc:
         raise ProtocolError(BAD_JSON, f"request is not JSON: {exc}") from None
+    if _lone_surrogate(text, obj):
+        raise ProtocolError(BAD_JSON, "request has a \\u escape of a lone surrogate: not Unicode")
     if not isinstance(obj, dict):
         raise ProtocolError(BAD_REQUEST, "request must be a JSON object")
     return obj
@@ -266,6 +289,9 @@ def _submit_options(f: _Fields) -> SubmitOptions:
     env = f.str_map("env", MAX_ENV, 4096, MAX_ARG_BYTES)
     if sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES:
         raise f.fail("env", f"larger than {MAX_ENV_BYTES} bytes")
+    for key in env:
+        if not key or "=" in key:
+            raise f.fail("env", f"'{key[:40]}' is not a variable name (empty, or has '=')")
     labels = f.str_map("labels", MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE)
     for key in labels:
         if not LABEL_KEY.match(key):
@@ -341,8 +367,8 @@ def parse_request(obj: dict[str, Any]) -> Request:
     if not isinstance(kind, str):
         raise ProtocolError(BAD_REQUEST, "field 'type': a string is required")
     version = obj.get("version", VERSION)
-    if version != VERSION:
-        raise ProtocolError(BAD_REQUEST, f"unsupported protocol version {version!r}")
+    if type(version) is not int or version != VERSION:
+        raise ProtocolError(BAD_REQUEST, f"unsupported protocol version {str(version)[:40]!r}")
     f = _Fields(obj)
     if kind in ("submit", "submit_batch"):
         return _parse_submit(f, batch=kind == "submit_batch")

@@ -12,10 +12,12 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -50,6 +52,8 @@ def _preexec(spec: LaunchSpec) -> Callable[[], None]:
     the submitter, then enter the cwd *as the submitter* so root cannot lend its access."""
     value = None if spec.oom_score_adj is None else str(spec.oom_score_adj).encode()
     uid, gid, groups, cwd = spec.uid, spec.gid, spec.groups, spec.cwd
+    who = "" if uid is None else f" as uid {uid}"
+    why = f"gpusv: cannot enter working directory {cwd}{who}: ".encode(errors="replace")
 
     def child() -> None:
         if value is not None:
@@ -61,26 +65,87 @@ def _preexec(spec: LaunchSpec) -> Callable[[], None]:
             os.setgroups(list(groups or ()))
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
-        os.chdir(cwd)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:  # the parent only learns that the child failed: say why here
+            os.write(2, why + (exc.strerror or "error").encode() + b"\n")
+            raise
 
     return child
 
 
 def _open_log(path: Path, uid: int | None, gid: int | None) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    """The job's output file, private to the job's user: output may echo its secrets, and
+    a primary group is often shared ("users"), so not even the group may read it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)  # also a file left by an older attempt or version
     if uid is not None and os.geteuid() == 0:
         os.fchown(fd, uid, gid if gid is not None else -1)
     return fd
 
 
+class _Owned:
+    """Leaders whose exit status a ProcessHandle collects, and spawns in flight: spawn()
+    runs on a worker thread, so until it returns its child's pid is known to nobody. An
+    exited child of ours may be reaped as an orphan only when it is neither."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pids: set[int] = set()
+        self.in_flight = 0
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        with self.lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def add(self, pid: int) -> None:
+        with self.lock:
+            self.pids.add(pid)
+
+    def discard(self, pid: int) -> None:
+        with self.lock:
+            self.pids.discard(pid)
+
+
+_OWNED = _Owned()
+
+
+def _owned_popen(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    with _OWNED.spawning():
+        popen = subprocess.Popen(argv, **options)
+        _OWNED.add(popen.pid)
+    return popen
+
+
 def spawn(spec: LaunchSpec) -> ProcessHandle:
-    """Start the job in a session of its own. Raises SpawnError with a readable reason."""
-    if not os.path.isdir(spec.cwd):
+    """Start the job in a session of its own. Raises SpawnError with a readable reason.
+
+    Blocking until the child has exec'd (a fork of the whole daemon, then the preexec
+    hook): the daemon calls it on a worker thread."""
+    if (spec.uid is None) != (spec.gid is None):
+        raise SpawnError("internal: a job's uid and gid are set together or not at all")
+    # Checked by the daemon only when the job runs as the daemon's own user: for another
+    # user, root's answer would tell them about directories they cannot see themselves.
+    if spec.uid is None and not os.path.isdir(spec.cwd):
         raise SpawnError(f"working directory {spec.cwd} does not exist")
-    out = _open_log(spec.stdout, spec.uid, spec.gid)
-    err = _open_log(spec.stderr, spec.uid, spec.gid)
     try:
-        popen = subprocess.Popen(
+        out = _open_log(spec.stdout, spec.uid, spec.gid)
+    except OSError as exc:
+        raise SpawnError(f"cannot open the job's output file: {exc.strerror}") from None
+    try:
+        err = _open_log(spec.stderr, spec.uid, spec.gid)
+    except OSError as exc:
+        os.close(out)
+        raise SpawnError(f"cannot open the job's output file: {exc.strerror}") from None
+    try:
+        popen = _owned_popen(
             list(spec.argv),
             env=spec.env,
             stdin=subprocess.DEVNULL,
@@ -95,15 +160,73 @@ def spawn(spec: LaunchSpec) -> ProcessHandle:
     except PermissionError:
         raise SpawnError(f"permission denied executing {spec.argv[0]}") from None
     except subprocess.SubprocessError:
+        who = "" if spec.uid is None else f" as uid {spec.uid}"
         raise SpawnError(
-            f"could not enter {spec.cwd} or switch to uid {spec.uid} before exec"
+            f"cannot enter working directory {spec.cwd}{who}: missing or not permitted "
+            "(the job's stderr says which)"
         ) from None
     except OSError as exc:
         raise SpawnError(f"cannot start {spec.argv[0]}: {exc.strerror}") from None
+    except ValueError as exc:  # e.g. a character that the OS cannot take in argv or env
+        raise SpawnError(f"cannot start {spec.argv[0][:80]}: {exc}") from None
     finally:
         os.close(out)
         os.close(err)
     return ProcessHandle(popen, spec.job_id)
+
+
+class ProcessTable:
+    """The daemon's descendants with their parents, from one pass over /proc.
+
+    Finding a tree means knowing every process's parent, which costs a read per process
+    on the host; a table shares that pass between all the trees wanted at one moment.
+    Every job process descends from the daemon (it is a subreaper: orphans come back to
+    it), so the table holds only those.
+    """
+
+    def __init__(self) -> None:
+        self.me = os.getpid()
+        self.procs: dict[int, psutil.Process] = {}
+        self.kids: dict[int, list[int]] = {}
+        self._jobs: dict[int, int | None] = {}
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process(self.me).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    self.kids.setdefault(proc.ppid(), []).append(proc.pid)
+                    self.procs[proc.pid] = proc
+
+    def children(self, pid: int) -> list[psutil.Process]:
+        return [self.procs[child] for child in self.kids.get(pid, ())]
+
+    def descendants(self, root: psutil.Process) -> list[psutil.Process]:
+        """As psutil's children(recursive=True), from the table when it holds the root."""
+        if root.pid not in self.procs:  # gone, or not ours (no subreaper): ask psutil
+            with contextlib.suppress(psutil.Error):
+                if root.is_running():
+                    return list(root.children(recursive=True))
+            return []
+        try:
+            born = root.create_time()
+            if self.procs[root.pid].create_time() != born:  # the pid was reused
+                return []
+        except psutil.Error:
+            return []
+        found: list[psutil.Process] = []
+        seen, stack = {root.pid}, [root.pid]
+        while stack:
+            for child in self.kids.get(stack.pop(), ()):
+                proc = self.procs[child]
+                with contextlib.suppress(psutil.Error):
+                    if child not in seen and proc.create_time() >= born:
+                        seen.add(child)
+                        found.append(proc)
+                        stack.append(child)
+        return found
+
+    def job_of(self, pid: int) -> int | None:
+        if pid not in self._jobs:
+            self._jobs[pid] = job_of(pid)
+        return self._jobs[pid]
 
 
 @dataclass
@@ -129,6 +252,7 @@ class ProcessHandle:
                 await anyio.wait_readable(self.pidfd)
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
                 if pid == self.pid:
+                    _OWNED.discard(pid)
                     self.status = ExitStatus.from_wait_status(status)
                     self.popen.returncode = self.status.shell_code
         finally:
@@ -144,24 +268,27 @@ class ProcessHandle:
                 with contextlib.suppress(psutil.Error):
                     self.known[pid] = psutil.Process(pid)
 
-    def adopted(self) -> list[psutil.Process]:
+    def adopted(self, table: ProcessTable | None = None) -> list[psutil.Process]:
         """Orphans of this job that were re-parented to us (we are a subreaper)."""
-        found = []
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process().children():
-                if child.pid != self.pid and job_of(child.pid) == self.job_id:
-                    found.append(child)
-        return found
+        table = table or ProcessTable()
+        return [
+            child
+            for child in table.children(table.me)
+            if child.pid != self.pid and table.job_of(child.pid) == self.job_id
+        ]
 
-    def tree(self) -> list[psutil.Process]:
+    def tree(self, table: ProcessTable | None = None) -> list[psutil.Process]:
+        """Every live process of the job. Pass one `table` to find many jobs' trees from a
+        single read of /proc."""
+        table = table or ProcessTable()
         procs: dict[int, psutil.Process] = {}
-        roots = [p for p in (self.leader, *self.known.values(), *self.adopted()) if p]
+        roots = [p for p in (self.leader, *self.known.values(), *self.adopted(table)) if p]
         for proc in roots:
             with contextlib.suppress(psutil.Error):
                 if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                     procs[proc.pid] = proc
-                for child in proc.children(recursive=True):
-                    procs.setdefault(child.pid, child)
+            for child in table.descendants(proc):
+                procs.setdefault(child.pid, child)
         return list(procs.values())
 
     def signal_tree(self, sig: int) -> None:
@@ -231,15 +358,19 @@ def become_subreaper() -> bool:
 
 def reap_orphans(leaders: set[int]) -> list[int]:
     """Reap adopted orphans that exited (zombies that are not job leaders)."""
-    reaped = []
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process().children():
-            if child.pid in leaders:
-                continue
-            with contextlib.suppress(psutil.Error, ChildProcessError):
-                if child.status() == psutil.STATUS_ZOMBIE:
-                    os.waitpid(child.pid, os.WNOHANG)
-                    reaped.append(child.pid)
+    reaped: list[int] = []
+    with _OWNED.lock:
+        if _OWNED.in_flight:  # a new leader not yet known: try again next time
+            return reaped
+        leaders = leaders | _OWNED.pids
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children():
+                if child.pid in leaders:
+                    continue
+                with contextlib.suppress(psutil.Error, ChildProcessError):
+                    if child.status() == psutil.STATUS_ZOMBIE:
+                        os.waitpid(child.pid, os.WNOHANG)
+                        reaped.append(child.pid)
     return reaped
 
 

@@ -6,9 +6,8 @@ in memory, indexed so that a pass never scans the whole queue when nothing can s
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ import anyio.abc
 from . import admission
 from .clock import monotonic, now_iso
 from .config import Config
+from .jobqueue import DEVICE_HOLD, JobQueue, Key, kind_of, used_before
 from .jobs import FailureReason, Job, JobSpec, JobState, transition
 from .memory import read_meminfo
 from .projection import MemObservation, Projection, project
@@ -57,7 +57,7 @@ class Scheduler:
         self.cfg = cfg
         self.store = store
         self.jobs: dict[int, Job] = {}
-        self.queue: list[tuple[int, int]] = []  # (-priority, id) of queued jobs, sorted
+        self.queue = JobQueue()  # the queued jobs, in order
         self.running: dict[int, Running] = {}
         self.held_since: dict[int, float] = {}
         self.announced: dict[int, set[str]] = {}  # hold reasons already evented, per wait
@@ -83,13 +83,10 @@ class Scheduler:
 
     def _enqueue(self, job: Job) -> None:
         self.jobs[job.id] = job
-        bisect.insort(self.queue, (-job.spec.priority, job.id))
+        self.queue.add(job)
 
     def _dequeue(self, job: Job) -> None:
-        key = (-job.spec.priority, job.id)
-        i = bisect.bisect_left(self.queue, key)
-        if i < len(self.queue) and self.queue[i] == key:
-            del self.queue[i]
+        self.queue.remove(job)
         self.held_since.pop(job.id, None)
         self.announced.pop(job.id, None)
 
@@ -165,8 +162,8 @@ class Scheduler:
 
     # ---- admission --------------------------------------------------------------------
 
-    def _candidates(self, now_wall: float) -> Iterator[admission.Candidate]:
-        for _prio, job_id in self.queue:
+    def _candidates(self, now_wall: float, keys: Iterable[Key]) -> Iterator[admission.Candidate]:
+        for _prio, job_id in keys:
             job = self.jobs[job_id]
             if job.not_before > now_wall or job_id in self.pending_deps:
                 continue
@@ -214,40 +211,94 @@ class Scheduler:
             return None
         import time
 
-        now_wall = time.time()
-        plan = admission.plan(
-            self._candidates(now_wall),
-            cards=self.cards_now(),
-            cpu_slots_free=self.cpu_slots_free(),
-            host=self.host(),
-            running=self.running_use(),
-            now=monotonic(),
-            max_backfill_wait_s=self.cfg.host_memory.max_backfill_wait_s,
-        )
-        for hold in plan.holds:
-            await self._hold(hold)
+        now_wall, now, cards = time.time(), monotonic(), self.cards_now()
+        free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
+        free["cpu"] = self.cpu_slots_free()
+        full = {kind for kind, n in free.items() if n <= 0}
+        plan = self._plan(cards, free, now, now_wall)
+        announce = [job for job in map(self._hold, plan.holds) if job is not None]
+        if announce:
+            events = [
+                Event("queue_wait", j.waiting_for or "", {"reason": j.hold_reason})
+                for j in announce
+            ]
+            await self.store.save_many(list(zip(announce, events, strict=True)), now_iso())
+        self._settle(plan.holds, full)
         for start in plan.starts:
             self._claim(start)
-        waits = [j.not_before - now_wall for j in self.jobs.values() if j.not_before > now_wall]
-        return max(0.0, min(waits)) if waits else None
+        return self.queue.next_backoff(now_wall, self._backoff_current)
 
-    async def _hold(self, hold: admission.Hold) -> None:
-        """Show why a job waits; record one `queue_wait` event per reason per wait, however
-        often the blocker changes back and forth while it stays queued."""
+    def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
+        """Settle jobs held for their kind of device while none of it was free: in a pass
+        that began so, or (needing one unit) in one that used the last unit up."""
+        settle = []
+        for hold in holds:
+            job = self.jobs.get(hold.job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            kind = kind_of(job)
+            if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
+                settle.append(job)
+        self.queue.settle(settle, self.held_since)
+
+    def _plan(
+        self, cards: list[admission.Card], free: dict[str, int], now: float, now_wall: float
+    ) -> admission.Plan:
+        """admission.plan over the whole queue, reading of a kind's settled jobs only the
+        first K + w when K units of it are free. That is the whole queue's plan if its
+        starts used the K units up before the first job left out (those after it would be
+        held as they are); else w grows and the plan is made again."""
+        host, running, w = self.host(), self.running_use(), 8
+        limit = self.cfg.host_memory.max_backfill_wait_s
+        while True:
+            ends = self.queue.ends(free, w)
+            starving = [
+                self.queue.starving(k, end, now, limit, self.held_since, self._possible)
+                for k, end in ends.items()
+            ]
+            plan = admission.plan(
+                self._candidates(now_wall, self.queue.keys(ends, starving)),
+                cards=cards,
+                cpu_slots_free=free["cpu"],
+                host=host,
+                running=running,
+                now=now,
+                max_backfill_wait_s=limit,
+            )
+            started = [(self.jobs[s.job_id], s.gpus) for s in plan.starts]
+            cuts = self.queue.cuts(ends)
+            if all(used_before(started, k, key) >= free[k] for k, key in cuts.items()):
+                return plan
+            w *= 8
+
+    def _possible(self, job_id: int) -> bool:
+        """Whether the job could run once everything else has left (admission's rule)."""
+        job = self.jobs[job_id]
+        need = self.vram_need(job.spec) or 0
+        fits = sum(1 for c in self.cards if c.healthy and c.vram_total_mb >= need)
+        return fits >= job.spec.gpus
+
+    def _backoff_current(self, job_id: int, not_before: float) -> bool:
+        job = self.jobs.get(job_id)
+        return job is not None and job.state is JobState.QUEUED and job.not_before == not_before
+
+    def _hold(self, hold: admission.Hold) -> Job | None:
+        """Show why a job waits; the job to persist with a `queue_wait` event, once per
+        reason per wait, however often the blocker changes back and forth meanwhile."""
         job = self.jobs.get(hold.job_id)
         if job is None:
-            return
+            return None
         self.held_since.setdefault(job.id, monotonic())
         if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
+            self.queue.unsettle(job)  # if settled: its wait changed
             job = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
             self.jobs[job.id] = job
+            self.queue.set_hold(job.id, hold.reason)
         announced = self.announced.setdefault(job.id, set())
         if hold.reason in announced:
-            return
+            return None
         announced.add(hold.reason)
-        await self.store.save(
-            job, now_iso(), Event("queue_wait", hold.message, {"reason": hold.reason})
-        )
+        return job
 
     def _claim(self, start: admission.Start) -> None:
         """Book the cards and memory synchronously, then launch in the background."""
@@ -345,8 +396,5 @@ class Scheduler:
         return cancelled
 
     def held_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for job in self.jobs.values():
-            if job.state is JobState.QUEUED and job.hold_reason:
-                counts[job.hold_reason] = counts.get(job.hold_reason, 0) + 1
-        return counts
+        """Queued jobs by hold reason."""
+        return self.queue.held_counts()

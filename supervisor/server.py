@@ -8,6 +8,7 @@ what a client says about itself is never trusted.
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import os
 import socket
@@ -38,8 +39,17 @@ class Peer:
 Handler = Callable[[Request, Peer], Awaitable[dict[str, Any]]]
 
 
-class AlreadyRunning(RuntimeError):
-    pass
+class StartupError(RuntimeError):
+    """The socket cannot be served: gpusvd prints this one line and exits 2."""
+
+
+class AlreadyRunning(StartupError):
+    """Another gpusvd answers on the socket."""
+
+
+# A full descriptor table is a pressure to wait out, not a reason to stop serving.
+REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cut off
+_ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def peer_of(sock: socket.socket) -> Peer:
@@ -66,16 +76,41 @@ def probe_stale(path: Path) -> None:
     raise AlreadyRunning(f"another gpusvd is already serving {path}")
 
 
+def socket_gid(group: str) -> int | None:
+    """The gid that `socket_group` names (None: no group), checked before anything is
+    bound: a typo must stop the start, not leave a socket that its users cannot reach."""
+    if not group:
+        return None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StartupError(f"socket_group: no such group {group!r}") from None
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise StartupError(
+            f"socket_group: {group!r} is not a group of uid {os.geteuid()}, which runs gpusvd"
+        )
+    return gid
+
+
+def preflight(path: Path, group: str) -> None:
+    """The socket checks, for the very start of gpusvd, before it opens its state: a
+    second gpusvd must stop before it reconciles (and kills) the jobs of the one already
+    serving, and a bad socket_group before anything is started. Raises StartupError."""
+    socket_gid(group)
+    probe_stale(path)
+
+
 async def bind(path: Path, mode: int, group: str) -> anyio.abc.SocketListener:
+    gid = socket_gid(group)
     path.parent.mkdir(parents=True, exist_ok=True)
     probe_stale(path)
-    old = os.umask(0o177)
+    old = os.umask(0o177)  # private from the bind on, until chmod opens it to the group
     try:
         listener = await anyio.create_unix_listener(path)
     finally:
         os.umask(old)
-    if group:
-        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+    if gid is not None:
+        os.chown(path, -1, gid)
     os.chmod(path, mode)
     return listener
 
@@ -105,16 +140,34 @@ class Server:
         listener = await bind(self.path, self.mode, self.group)
         log.info("listening", socket=str(self.path), mode=oct(self.mode))
         try:
-            async with listener:
+            async with listener, anyio.create_task_group() as tg:
                 task_status.started()
-                await listener.serve(self._connection)
+                await self._accept_loop(listener, tg)
         finally:
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
-    async def _send(self, conn: anyio.abc.SocketStream, obj: dict[str, Any]) -> None:
+    async def _accept_loop(
+        self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup
+    ) -> None:
+        while True:
+            try:
+                conn = await listener.accept()
+            except (OSError, anyio.BrokenResourceError) as exc:
+                cause = exc if isinstance(exc, OSError) else exc.__cause__  # anyio wraps it
+                if not isinstance(cause, OSError) or cause.errno not in _ACCEPT_RETRY:
+                    raise
+                log.warning("cannot accept a connection now", error=cause.strerror)
+                await anyio.sleep(0.1)
+                continue
+            tg.start_soon(self._connection, conn)
+
+    async def _send(self, conn: anyio.abc.SocketStream, obj: dict[str, Any]) -> bool:
+        """False when the client has not taken the answer within the idle timeout."""
         with anyio.move_on_after(self.idle_timeout_s):
             await conn.send(protocol.encode(obj))
+            return True
+        return False
 
     async def _connection(self, conn: anyio.abc.SocketStream) -> None:
         async with conn:
@@ -123,23 +176,35 @@ class Server:
                 await self._serve(conn)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
                 pass
+            except Exception:  # one connection must never take the server down
+                log.exception("connection failed")
             finally:
                 self.connections -= 1
 
+    async def _refuse(self, conn: anyio.abc.SocketStream, code: str, message: str) -> None:
+        """Answer, then take (and drop) the request the client is sending: closing with it
+        unread would fail the client's send, and it would never read why it was refused."""
+        if not await self._send(conn, ProtocolError(code, message).to_json()):
+            return
+        with anyio.move_on_after(min(1.0, self.idle_timeout_s)):
+            with contextlib.suppress(anyio.DelimiterNotFound, anyio.IncompleteRead):
+                await BufferedByteReceiveStream(conn).receive_until(b"\n", REFUSED_READ)
+
     async def _serve(self, conn: anyio.abc.SocketStream) -> None:
         if self.connections > self.max_connections:
-            await self._send(conn, ProtocolError(protocol.BUSY, "too many connections").to_json())
+            busy = f"gpusvd is serving its limit of {self.max_connections} connections; retry"
+            await self._refuse(conn, protocol.BUSY, busy)
             return
         peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket))
         refused = self.admit(peer)
         if refused is not None:
-            await self._send(conn, ProtocolError(protocol.FORBIDDEN, refused).to_json())
+            await self._refuse(conn, protocol.FORBIDDEN, refused)
             return
         reader = BufferedByteReceiveStream(conn)
         while True:
             try:
                 with anyio.fail_after(self.idle_timeout_s):
-                    line = await reader.receive_until(b"\n", protocol.MAX_LINE)
+                    line = await reader.receive_until(b"\n", protocol.MAX_LINE + 1)
             except TimeoutError:
                 return
             except (anyio.IncompleteRead, anyio.EndOfStream):
@@ -148,7 +213,8 @@ class Server:
                 err = ProtocolError(protocol.TOO_LARGE, f"request over {protocol.MAX_LINE} bytes")
                 await self._send(conn, err.to_json())
                 return
-            await self._send(conn, await self._answer(line, peer))
+            if not await self._send(conn, await self._answer(line, peer)):
+                return
 
     async def _answer(self, line: bytes, peer: Peer) -> dict[str, Any]:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -163,9 +163,8 @@ JOB_COLUMNS = (
 
 
 def _spec_json(spec: JobSpec) -> str:
-    data = asdict(spec)
-    del data["env"]
-    return json.dumps(data)
+    # Shallow: a spec holds only plain values, and asdict's deep copy is slow for a batch.
+    return json.dumps({f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "env"})
 
 
 def _row_to_job(row: Sequence[Any]) -> Job:
@@ -219,35 +218,43 @@ ATTEMPT_COLUMNS = (
 )
 
 
+UPDATE_JOB = (
+    "UPDATE jobs SET state=?, started_at=?, ended_at=?, waiting_for=?, hold_reason=?, "
+    "reason=?, exit_code=?, ordinary_used=?, gpu_hang_used=?, gpus=?, attempts=?, "
+    "not_before=?, progress=? WHERE id=?"
+)
+INSERT_EVENT = "INSERT INTO events (job_id, at, kind, message, data) VALUES (?, ?, ?, ?, ?)"
+
+
 async def _update_job(db: aiosqlite.Connection, job: Job) -> None:
-    await db.execute(
-        "UPDATE jobs SET state=?, started_at=?, ended_at=?, waiting_for=?, hold_reason=?, "
-        "reason=?, exit_code=?, ordinary_used=?, gpu_hang_used=?, gpus=?, attempts=?, "
-        "not_before=?, progress=? WHERE id=?",
-        (
-            job.state.value,
-            job.started_at,
-            job.ended_at,
-            job.waiting_for,
-            job.hold_reason,
-            job.reason.value if job.reason else None,
-            job.exit_code,
-            job.ordinary_used,
-            job.gpu_hang_used,
-            json.dumps(list(job.gpus)),
-            job.attempts,
-            job.not_before,
-            job.progress,
-            job.id,
-        ),
+    await db.execute(UPDATE_JOB, _job_params(job))
+
+
+def _job_params(job: Job) -> tuple[Any, ...]:
+    return (
+        job.state.value,
+        job.started_at,
+        job.ended_at,
+        job.waiting_for,
+        job.hold_reason,
+        job.reason.value if job.reason else None,
+        job.exit_code,
+        job.ordinary_used,
+        job.gpu_hang_used,
+        json.dumps(list(job.gpus)),
+        job.attempts,
+        job.not_before,
+        job.progress,
+        job.id,
     )
+
+
+def _event_params(job_id: int | None, at: str, ev: Event) -> tuple[Any, ...]:
+    return (job_id, at, ev.kind, ev.message, json.dumps(ev.data) if ev.data else None)
 
 
 async def _insert_event(db: aiosqlite.Connection, job_id: int | None, at: str, ev: Event) -> None:
-    await db.execute(
-        "INSERT INTO events (job_id, at, kind, message, data) VALUES (?, ?, ?, ?, ?)",
-        (job_id, at, ev.kind, ev.message, json.dumps(ev.data) if ev.data else None),
-    )
+    await db.execute(INSERT_EVENT, _event_params(job_id, at, ev))
 
 
 async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
@@ -367,6 +374,9 @@ class Store:
             return
         with anyio.CancelScope(shield=True):
             await self.db.execute("BEGIN IMMEDIATE")
+            if len(batch) == 1:  # alone, the transaction itself is the unit to roll back
+                await self._commit_one(*batch[0])
+                return
             for op, _done, box in batch:
                 await self.db.execute("SAVEPOINT op")
                 try:
@@ -380,28 +390,36 @@ class Store:
         for _op, done, _box in batch:
             done.set()
 
+    async def _commit_one(self, op: Op[Any], done: anyio.Event, box: list[Any]) -> None:
+        try:
+            box.append(await op(self.db))
+            await self.db.commit()
+        except Exception as exc:
+            await self.db.rollback()
+            box.append(exc)
+        done.set()
+
     # ---- writes ---------------------------------------------------------------------
 
     async def insert_jobs(self, specs: Sequence[JobSpec], at: str) -> list[int]:
+        envs: dict[int, str] = {}  # a batch shares one env: encode it once
+
+        def row(spec: JobSpec) -> tuple[Any, ...]:
+            env = envs.get(id(spec.env)) or envs.setdefault(id(spec.env), json.dumps(spec.env))
+            return (_spec_json(spec), env, spec.owner_uid, spec.mem_key, spec.priority, at)
+
         async def op(db: aiosqlite.Connection) -> list[int]:
-            ids = []
-            for spec in specs:
-                cur = await db.execute(
-                    "INSERT INTO jobs (spec, env, owner_uid, mem_key, priority, state, "
-                    "submitted_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)",
-                    (
-                        _spec_json(spec),
-                        json.dumps(spec.env),
-                        spec.owner_uid,
-                        spec.mem_key,
-                        spec.priority,
-                        at,
-                    ),
-                )
-                job_id = cur.lastrowid
-                assert job_id is not None
-                ids.append(job_id)
-                await _insert_event(db, job_id, at, Event("submitted", "submitted"))
+            await db.executemany(
+                "INSERT INTO jobs (spec, env, owner_uid, mem_key, priority, state, "
+                "submitted_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)",
+                [row(spec) for spec in specs],
+            )
+            # The writer holds the only write transaction: AUTOINCREMENT ids are consecutive.
+            async with db.execute("SELECT last_insert_rowid()") as cur:
+                last = int((await cur.fetchone() or (0,))[0])
+            ids = list(range(last - len(specs) + 1, last + 1))
+            submitted = Event("submitted", "submitted")
+            await db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
             return ids
 
         ids = await self.write(op)
@@ -436,6 +454,19 @@ class Store:
         await self.write(op)
         for ev in [event] if isinstance(event, Event) else list(event or ()):
             log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
+
+    async def save_many(self, changes: Sequence[tuple[Job, Event]], at: str) -> None:
+        """Many state changes, each with its event, in one unit (e.g. a pass's holds)."""
+
+        async def op(db: aiosqlite.Connection) -> None:
+            await db.executemany(UPDATE_JOB, [_job_params(job) for job, _ in changes])
+            await db.executemany(INSERT_EVENT, [_event_params(j.id, at, e) for j, e in changes])
+
+        await self.write(op)
+        for job, ev in changes[:10]:
+            log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
+        if len(changes) > 10:  # a big queue: one line, not ten thousand
+            log.info(f"and {len(changes) - 10} more", event_kind=changes[-1][1].kind)
 
     async def set_attempt_pid(self, a: Attempt) -> None:
         async def op(db: aiosqlite.Connection) -> None:

@@ -1,44 +1,74 @@
-"""The operators' read-only requests: gpus, stats, health (and, through metrics.py,
-Prometheus text). Each handler gathers facts from the running parts; none changes state."""
+"""The operators' read-only requests: gpus, stats, health, metrics and top, and the
+snapshot behind the Prometheus metrics. Each handler gathers facts from the running
+parts; none changes state."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.abc
+
+from . import admission
 from .clock import epoch_from_iso
-from .jobs import JobState
+from .jobs import Job, JobState
+from .metrics import CardSample, HostSample, Metrics, Snapshot
 from .server import Peer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .daemon import Parts
+    from .systemd import HealthBoard
 
 DEADMAN_RECENT_S = 600.0  # a deadman exit this recent keeps `health` failing
+HANG_ROWS = 1_000_000  # hang records counted per card (hangs are rare: this is all of them)
+TOP_HELD = 50  # held jobs listed by `top`
+TOP_HANGS = 10  # recent hang records listed by `top`
+
+
+def last_beats(board: HealthBoard) -> dict[str, float | None]:
+    """Each watched service's last check-in (monotonic), None before its first.
+
+    HealthBoard answers only "who is stale"; the metric needs the stamps themselves."""
+    return {name: svc.last for name, svc in board._services.items()}
+
+
+def _owner_or_root(peer: Peer, job: Job) -> bool:
+    return peer.uid in (0, job.spec.owner_uid)
 
 
 class Telemetry:
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
         self.started = time.monotonic()
+        self.metrics = Metrics()
+        # Whose job text (name, argv) a peer may see; the daemon plugs in Api.may_act.
+        self.may_see: Callable[[Peer, Job], bool] = _owner_or_root
 
     def handlers(self) -> dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]]:
         return {
             "gpus": self.gpus,
             "stats": self.stats,
             "health": self.health,
+            "metrics": self.prometheus,
             "top": self.top,
         }
 
-    async def gpus_json(self) -> list[dict[str, Any]]:
-        sched = self.parts.sched
-        hangs = Counter(h["gpu"] for h in await self.parts.store.hangs(100_000))
+    def _running_by_card(self) -> dict[int, list[int]]:
         running: dict[int, list[int]] = {}
-        for r in sched.running.values():
+        for r in self.parts.sched.running.values():
             for c in r.cards:
                 running.setdefault(c, []).append(r.job_id)
+        return running
+
+    async def gpus_json(self) -> list[dict[str, Any]]:
+        hangs = Counter(h["gpu"] for h in await self.parts.store.hangs(HANG_ROWS))
+        running = self._running_by_card()
         return [
             {
                 "index": c.index,
@@ -104,35 +134,110 @@ class Telemetry:
         problems = await self.problems()
         return {"ok": True, "health": {"ok": not problems, "problems": problems}}
 
-    async def top(self, _peer: Peer) -> dict[str, Any]:
+    # ---- metrics ------------------------------------------------------------------------
+
+    def host_sample(self) -> HostSample:
         sched = self.parts.sched
-        running = []
+        host, running = sched.host(), sched.running_use()
+        return HostSample(
+            limit_mb=host.limit_mb,
+            available_mb=host.available_mb,
+            reserve_mb=host.reserve_mb,
+            projected_mb=sum(
+                j.rss_mb if j.projected_mb is None else j.projected_mb for j in running
+            ),
+            rss_mb=sum(j.rss_mb for j in running),
+            free_for_new_mb=admission.free_for_new_mb(host, running),
+        )
+
+    async def metrics_snapshot(self) -> Snapshot:
+        parts = self.parts
+        store, sched = parts.store, parts.sched
+        running = self._running_by_card()
+        hangs = Counter(
+            (str(h["gpu"]), h["pci_bus_id"] or "", h["driver_version"] or "")
+            for h in await store.hangs(HANG_ROWS)
+        )
+        cards = tuple(
+            CardSample(
+                index=c.index,
+                pci_bus_id=c.pci_bus_id,
+                name=c.name,
+                vendor=c.vendor,
+                driver_version=c.driver_version,
+                utilization_pct=c.utilization_pct,
+                vram_used_mb=c.vram_used_mb,
+                vram_total_mb=c.vram_total_mb,
+                healthy=c.health == "ok",
+                running_jobs=len(running.get(c.index, [])),
+            )
+            for c in parts.monitor.cards
+        )
+        return Snapshot(
+            jobs=await store.count_by("state"),
+            held={**sched.held_counts(), "dependency": len(sched.pending_deps)},
+            attempt_failures=await store.attempt_failures(),
+            hangs=dict(hangs),
+            cards=cards,
+            host=self.host_sample(),
+            beats=last_beats(parts.board),
+            deadman_fires=len(await store.daemon_events("deadman")),
+            problems=len(await self.problems()),
+            draining=sched.draining,
+        )
+
+    async def prometheus(self, _peer: Peer) -> dict[str, Any]:
+        return {"ok": True, "text": self.metrics.render(await self.metrics_snapshot())}
+
+    async def serve_metrics(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        listen = self.parts.cfg.metrics_listen
+        await self.metrics.serve(listen, self.metrics_snapshot, task_status=task_status)
+
+    # ---- top ----------------------------------------------------------------------------
+
+    def _running_json(self, peer: Peer) -> list[dict[str, Any]]:
+        sched = self.parts.sched
+        out = []
         for r in sched.running.values():
             job = sched.jobs.get(r.job_id)
-            running.append(
+            visible = job is not None and self.may_see(peer, job)
+            out.append(
                 {
                     "id": r.job_id,
-                    "name": job.spec.name if job else "",
-                    "argv": list(job.spec.argv) if job else [],
+                    "name": job.spec.name if job and visible else "",
+                    "argv": list(job.spec.argv) if job and visible else [],
                     "gpus": list(r.cards),
+                    "attempt": r.attempt.n,
                     "runtime_s": round(time.monotonic() - r.started_mono, 1),
                     "rss_mb": r.rss_mb,
                     "peak_rss_mb": r.peak_rss_mb,
-                    "progress": job.progress if job else None,
+                    "projected_mb": r.projection.projected_mb if r.projection else None,
+                    "progress": job.progress if job and visible else None,
                 }
             )
+        return sorted(out, key=lambda j: j["id"])
+
+    async def top(self, peer: Peer) -> dict[str, Any]:
+        sched = self.parts.sched
+        queued = [j for j in sched.jobs.values() if j.state is JobState.QUEUED]
         held = [
-            {"id": j.id, "name": j.spec.name, "waiting_for": j.waiting_for}
-            for j in sched.jobs.values()
-            if j.state is JobState.QUEUED and j.waiting_for
-        ][:50]
-        queued = sum(1 for j in sched.jobs.values() if j.state is JobState.QUEUED)
-        hangs = (await self.parts.store.hangs(10))[-10:]
+            {
+                "id": j.id,
+                "name": j.spec.name if self.may_see(peer, j) else "",
+                "waiting_for": j.waiting_for,
+            }
+            for j in itertools.islice((j for j in queued if j.waiting_for), TOP_HELD)
+        ]
         return {
             "ok": True,
             "gpus": await self.gpus_json(),
-            "running": running,
+            "running": self._running_json(peer),
             "held": held,
-            "queued": queued,
-            "recent_hangs": hangs,
+            "queued": len(queued),
+            "recent_hangs": await self.parts.store.hangs(TOP_HANGS),
+            "host_memory": dataclasses.asdict(self.host_sample()),
+            "problems": await self.problems(),
+            "draining": sched.draining,
         }

@@ -8,8 +8,9 @@ from .jobs import Job
 from .projection import Projection
 from .store import Attempt
 
-# What anyone who may connect can see of someone else's job.
-PUBLIC_FIELDS = ("id", "state", "owner_uid", "gpus", "gpus_requested", "waiting_for", "name")
+# What anyone who may connect can see of someone else's job: what it holds and why it
+# waits, never its text (name, argv, cwd, labels may carry secrets; env is never shown).
+PUBLIC_FIELDS = ("id", "state", "owner_uid", "gpus", "gpus_requested", "waiting_for")
 
 
 def job_json(

@@ -80,7 +80,7 @@ def test_parse_kmsg_records_continuations_and_escapes() -> None:
         b" ORPHAN=continuation\n"
     )
     first, second = parse_kmsg(data)
-    assert (first.level, first.seq, first.usec, first.flags) == (4, 7761, 1843308145, "c")
+    assert (first.priority, first.seq, first.usec, first.flags) == (4, 7761, 1843308145, "c")
     assert first.text == "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: fallen off the bus."
     assert first.fields == {"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:b3:00.0"}
     assert (second.seq, second.flags, second.fields) == (7762, "-", {})

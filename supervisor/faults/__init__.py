@@ -12,11 +12,15 @@ from supervisor.faults.classifier import (
     classify,
     normalize_bus_id,
 )
+from supervisor.faults.watchdog import ProgressState, ProgressTracker, check_progress
 
 __all__ = [
     "Classification",
     "Classifier",
     "FaultClass",
+    "ProgressState",
+    "ProgressTracker",
+    "check_progress",
     "classify",
     "normalize_bus_id",
 ]

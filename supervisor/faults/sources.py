@@ -68,7 +68,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class KmsgRecord:
-    level: int  # syslog priority; facility in the high bits, as the kernel gives it
+    priority: int  # syslog level, with the facility in the high bits, as the kernel gives it
     seq: int
     usec: int  # CLOCK_MONOTONIC microseconds since boot
     flags: str
@@ -101,9 +101,9 @@ def parse_kmsg(data: bytes) -> list[KmsgRecord]:
         if m is None:
             current = None
             continue
-        level, seq, usec, flags, text = m.groups()
+        priority, seq, usec, flags, text = m.groups()
         current = KmsgRecord(
-            int(level), int(seq), int(usec), flags.decode("ascii", "replace"), _unescape(text)
+            int(priority), int(seq), int(usec), flags.decode("ascii", "replace"), _unescape(text)
         )
         records.append(current)
     return records
