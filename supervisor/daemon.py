@@ -112,6 +112,7 @@ async def build(cfg: Config) -> Parts:
     hangs = HangWatcher(sched, monitor, cfg)
     hooks = Hooks(cfg.hooks, sched)
     sched.observers.append(hooks.on_change)
+    hangs.reclassified = hooks.after_attempt
     attempts = AttemptRunner(
         sched,
         logs_dir=state / "logs",

@@ -59,6 +59,7 @@ class HangWatcher:
         self.cgroup = own_memory_cgroup()
         self.fault_seen = anyio.Event()
         self.beat: Any = lambda: None
+        self.reclassified: Any = lambda job, attempt: None  # the operator's on_gpu_hang hook
 
     def recent(self) -> list[str]:
         return list(self.lines)
@@ -255,3 +256,4 @@ class HangWatcher:
 
         r = Running(job.id, ended, cards, 0, 0.0, None, 0)
         await self.record(fixed, r)
+        self.reclassified(fixed, ended)

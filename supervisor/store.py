@@ -629,6 +629,13 @@ class Store:
             out.append(item)
         return out
 
+    async def hang_counts(self, *columns: str) -> dict[tuple[Any, ...], int]:
+        """Hang records counted by the given columns (all of them, not a recent page)."""
+        assert columns and set(columns) <= {"gpu", "pci_bus_id", "driver_version", "job_id"}
+        cols = ", ".join(columns)
+        rows = await self._all(f"SELECT {cols}, COUNT(*) FROM hangs GROUP BY {cols}")
+        return {tuple(r[:-1]): r[-1] for r in rows}
+
     async def daemon_events(self, kind: str) -> list[dict[str, Any]]:
         rows = await self._all(
             "SELECT at, data FROM daemon_events WHERE kind=? ORDER BY id", (kind,)

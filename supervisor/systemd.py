@@ -129,6 +129,10 @@ class HealthBoard:
         except KeyError:
             raise KeyError(f"health board: {name!r} was never registered") from None
 
+    def last_beats(self) -> dict[str, float | None]:
+        """Each service's last check-in (monotonic), None before its first."""
+        return {name: svc.last for name, svc in self._services.items()}
+
     def stale(self, now: float) -> list[str]:
         """Services that have not beaten within their period (never-beaten ones included)."""
         return sorted(

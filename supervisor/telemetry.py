@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -23,19 +22,23 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .daemon import Parts
+    from .store import Store
     from .systemd import HealthBoard
 
 DEADMAN_RECENT_S = 600.0  # a deadman exit this recent keeps `health` failing
-HANG_ROWS = 1_000_000  # hang records counted per card (hangs are rare: this is all of them)
 TOP_HELD = 50  # held jobs listed by `top`
 TOP_HANGS = 10  # recent hang records listed by `top`
+
+
+async def _counts(store: Store, column: str) -> dict[str, int]:
+    return {str(k[0]): n for k, n in (await store.hang_counts(column)).items()}
 
 
 def last_beats(board: HealthBoard) -> dict[str, float | None]:
     """Each watched service's last check-in (monotonic), None before its first.
 
     HealthBoard answers only "who is stale"; the metric needs the stamps themselves."""
-    return {name: svc.last for name, svc in board._services.items()}
+    return board.last_beats()
 
 
 def _owner_or_root(peer: Peer, job: Job) -> bool:
@@ -67,7 +70,7 @@ class Telemetry:
         return running
 
     async def gpus_json(self) -> list[dict[str, Any]]:
-        hangs = Counter(h["gpu"] for h in await self.parts.store.hangs(HANG_ROWS))
+        hangs = {k[0]: n for k, n in (await self.parts.store.hang_counts("gpu")).items()}
         running = self._running_by_card()
         return [
             {
@@ -99,9 +102,9 @@ class Telemetry:
             "failures": await store.attempt_failures(),
             "jobs_failed_by_reason": await store.count_by("reason"),
             "gpu_hangs": hangs,
-            "gpu_hangs_by_card": dict(Counter(str(h["gpu"]) for h in hangs)),
-            "gpu_hangs_by_driver": dict(Counter(str(h["driver_version"]) for h in hangs)),
-            "gpu_hangs_by_job": dict(Counter(str(h["job"]) for h in hangs)),
+            "gpu_hangs_by_card": await _counts(store, "gpu"),
+            "gpu_hangs_by_driver": await _counts(store, "driver_version"),
+            "gpu_hangs_by_job": await _counts(store, "job_id"),
             "held": self.parts.sched.held_counts(),
             "deadman_fires": len(await store.daemon_events("deadman")),
         }
@@ -154,10 +157,8 @@ class Telemetry:
         parts = self.parts
         store, sched = parts.store, parts.sched
         running = self._running_by_card()
-        hangs = Counter(
-            (str(h["gpu"]), h["pci_bus_id"] or "", h["driver_version"] or "")
-            for h in await store.hangs(HANG_ROWS)
-        )
+        counted = await store.hang_counts("gpu", "pci_bus_id", "driver_version")
+        hangs = {(str(g), bus or "", drv or ""): n for (g, bus, drv), n in counted.items()}
         cards = tuple(
             CardSample(
                 index=c.index,
