@@ -81,7 +81,8 @@ async def run_hook(
     if not argv:
         return None
     data = json.dumps(payload).encode() + b"\n"
-    env = {**os.environ, "GPUSV_HOOK": name, "GPUSV_JOB_ID": str(payload.get("id", ""))}
+    # Not GPUSV_JOB_ID: that marks a job's own processes, which an abort kills.
+    env = {**os.environ, "GPUSV_HOOK": name, "GPUSV_HOOK_JOB_ID": str(payload.get("id", ""))}
     try:
         proc = await anyio.open_process(
             list(argv),
