@@ -28,6 +28,9 @@ MAX_BATCH = 100_000
 MAX_RETRIES = 10_000
 MAX_SIZE_MB = 2**40  # a petabyte: anything larger is a typo
 MAX_LIST = 10_000
+# A scale is a ratio the projection divides by and extrapolates with: positive, and
+# bounded so that no projection overflows.
+MIN_SCALE, MAX_SCALE = 1e-6, 1e12
 LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")
 # Only a \uD800-\uDFFF escape can put a surrogate into decoded text (raw UTF-8 cannot).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -311,7 +314,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         vram_mb=f.int_("vram_mb", None, 1, MAX_SIZE_MB),
         mem_mb=f.int_("mem_mb", None, 1, MAX_SIZE_MB),
         mem_key=f.str_("mem_key", None, 256),
-        mem_scale=f.float_("mem_scale", -1e15, 1e15),
+        mem_scale=f.float_("mem_scale", MIN_SCALE, MAX_SCALE),
         retries=f.int_("retries", None, 0, MAX_RETRIES),
         gpu_hang_retries=f.int_("gpu_hang_retries", None, 0, MAX_RETRIES),
         progress_timeout_s=f.float_("progress_timeout_s", 0, 365 * 86400),

@@ -47,8 +47,8 @@ class AlreadyRunning(StartupError):
     """Another gpusvd answers on the socket."""
 
 
-# A full descriptor table is a pressure to wait out, not a reason to stop serving.
 REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cut off
+# A full descriptor table is a pressure to wait out, not a reason to stop serving.
 _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 

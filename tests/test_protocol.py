@@ -66,6 +66,8 @@ def test_a_valid_submit_is_typed() -> None:
     assert isinstance(req, Submit)
     assert req.argvs == (("true",),)
     assert req.options.env == {"A": "1"} and req.options.gpus == 0 and req.options.after == (3,)
+    small = protocol.decode_request(json.dumps(submit(mem_scale=protocol.MIN_SCALE)).encode())
+    assert isinstance(small, Submit) and small.options.mem_scale == protocol.MIN_SCALE
 
 
 @pytest.mark.parametrize("claim", ["owner_uid", "uid", "gid", "pid", "user"])
@@ -124,6 +126,9 @@ def test_a_line_over_the_limit_is_too_large_and_one_at_it_is_read() -> None:
         {"after": [1.5]},
         {"after": "1"},
         {"mem_scale": "2"},
+        {"mem_scale": 0},  # the projection divides by scales
+        {"mem_scale": -2.5},
+        {"mem_scale": 1e13},
         {"progress_timeout_s": -1},
         {"progress_regex": "("},
         {"cwd": "relative/dir"},
