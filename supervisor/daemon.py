@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -35,7 +36,7 @@ from .jobs import FailureReason, Job, JobState
 from .recovery import reconcile
 from .sampling import Sampler
 from .scheduler import Running, Scheduler
-from .server import AlreadyRunning, Server
+from .server import Server, StartupError, preflight
 from .store import Store
 from .systemd import HealthBoard, Notifier, StallDetector, status_line, watchdog_interval_s
 from .telemetry import Telemetry
@@ -85,10 +86,25 @@ async def _record_previous_exit(store: Store, state_dir: Path) -> None:
     log.warning("previous gpusvd exited through the deadman", exit_code=data.get("code"))
 
 
+def _lock_state_dir(state: Path) -> int:
+    """One daemon per state dir: a second one would reconcile, and so kill, the first
+    one's running jobs. The lock is held until the process exits."""
+    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartupError(f"another gpusvd is already using the state dir {state}") from None
+    return fd
+
+
 async def build(cfg: Config) -> Parts:
+    # Refuse before touching the state: a second daemon must not reconcile the first's jobs.
+    preflight(cfg.socket, cfg.socket_group)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, 0o700)
+    _lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
     await _record_previous_exit(store, state)
@@ -358,7 +374,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(2)
     try:
         code = anyio.run(run, cfg)
-    except AlreadyRunning as exc:
+    except StartupError as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -221,3 +221,15 @@ def test_no_gpu_box_runs_cpu_jobs_and_warns(make_daemon: Callable[..., Daemon]) 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to check the socket's mode")
 def test_socket_is_not_world_accessible(daemon: Daemon) -> None:
     assert daemon.socket.stat().st_mode & 0o777 == 0o660
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon: Daemon) -> None:
+    job = daemon.submit("sleep", "30", gpus=0)
+    daemon.wait_state(job, "running")
+    argv = daemon.argv()
+    argv[argv.index("--socket") + 1] = str(daemon.root / "other.sock")
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "already using the state dir" in result.stderr
+    assert daemon.show(job)["state"] == "running"
+    daemon.cli("cancel", str(job))
