@@ -301,9 +301,11 @@ def _submit_options(f: _Fields) -> SubmitOptions:
             raise f.fail("labels", f"key '{key[:40]}' may use only letters, digits and _.-/")
     regex = f.str_("progress_regex", None, 1024)
     if regex is not None:
+        import regex as regex_module  # the daemon's matcher; the CLI never gets here
+
         try:
-            re.compile(regex)
-        except re.error as exc:
+            regex_module.compile(regex)
+        except regex_module.error as exc:
             raise f.fail("progress_regex", f"not a valid regular expression: {exc}") from None
     return SubmitOptions(
         cwd=cwd,

@@ -137,3 +137,18 @@ def test_tracker_and_check_together() -> None:
     # Silent since T0 + 10, but known idle only from the first sample at T0 + 20.
     assert check_progress(state, now=T0 + 20 + TIMEOUT - 1, timeout_s=TIMEOUT) == "ok"
     assert check_progress(state, now=T0 + 20 + TIMEOUT, timeout_s=TIMEOUT) == "hung"
+
+
+def test_a_catastrophic_pattern_is_dropped_instead_of_stalling() -> None:
+    import time
+
+    from supervisor.faults.watchdog import ProgressTracker
+
+    tracker = ProgressTracker(r"(a|aa)+$", started_at=0.0)
+    began = time.monotonic()
+    tracker.on_output("a" * 64 + "!\n", now=5.0)
+    assert time.monotonic() - began < 5.0  # `re` would take longer than the universe
+    assert tracker.regex_gave_up
+    assert tracker.state().last_progress_at == 5.0
+    tracker.on_output("more\n", now=9.0)  # output growth counts from now on
+    assert tracker.state().last_progress_at == 9.0

@@ -12,8 +12,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+import regex as regex_module
+
 LOW_UTIL_PCT = 1.0  # a card at or under this is idle
 _MAX_PENDING = 64 * 1024  # an unterminated line longer than this is searched as it is
+MATCH_TIMEOUT_S = 0.05  # per line: far beyond any sane progress pattern
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,10 @@ class ProgressTracker:
     """
 
     def __init__(self, regex: str | None, started_at: float) -> None:
-        self._pattern = re.compile(regex) if regex else None
+        # `regex` rather than `re`: a user's pattern such as (a+)+$ must not be able to
+        # stall the daemon; every match runs under a time limit.
+        self._pattern = regex_module.compile(regex) if regex else None
+        self.regex_gave_up = False
         self._last_progress_at = started_at
         self._low_since: float | None = None
         self._max_util = 0.0
@@ -89,7 +95,14 @@ class ProgressTracker:
 
     def _match(self, line: str, now: float) -> None:
         assert self._pattern is not None
-        matches = list(self._pattern.finditer(line))
+        try:
+            matches = list(self._pattern.finditer(line, timeout=MATCH_TIMEOUT_S))
+        except TimeoutError:
+            # A pattern that backtracks for ever is dropped; output growth counts again.
+            self._pattern = None
+            self.regex_gave_up = True
+            self._progress(now)
+            return
         if not matches:
             return
         found = matches[-1]  # the latest, when a line holds several
