@@ -168,6 +168,7 @@ async def build(cfg: Config) -> Parts:
     api_parts["api"] = api
     server.admit = api.admit
     telemetry.may_see = api.may_act
+    telemetry.may_see_uid = lambda peer, uid: peer.uid == uid or api.is_admin(peer.uid)
     return parts
 
 

@@ -95,9 +95,9 @@ def project(
 def _from_history(
     qualifying: Sequence[MemObservation], scale: float | None, margin: float
 ) -> Projection | None:
-    if scale is None:
+    if scale is None or scale <= 0:  # no usable scale: a fit would divide by it
         return _observed(qualifying, margin)
-    scaled = [h for h in qualifying if h.scale is not None]
+    scaled = [h for h in qualifying if h.scale is not None and h.scale > 0]
     same = [h for h in scaled if _same_scale(h.scale, scale)]
     if same:
         return _observed(same, margin)

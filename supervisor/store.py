@@ -629,6 +629,15 @@ class Store:
             out.append(item)
         return out
 
+    async def owners(self, job_ids: set[int]) -> dict[int, int]:
+        if not job_ids:
+            return {}
+        marks = ",".join("?" * len(job_ids))
+        rows = await self._all(
+            f"SELECT id, owner_uid FROM jobs WHERE id IN ({marks})", sorted(job_ids)
+        )
+        return {r[0]: r[1] for r in rows}
+
     async def hang_counts(self, *columns: str) -> dict[tuple[Any, ...], int]:
         """Hang records counted by the given columns (all of them, not a recent page)."""
         assert columns and set(columns) <= {"gpu", "pci_bus_id", "driver_version", "job_id"}

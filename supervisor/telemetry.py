@@ -52,6 +52,7 @@ class Telemetry:
         self.metrics = Metrics()
         # Whose job text (name, argv) a peer may see; the daemon plugs in Api.may_act.
         self.may_see: Callable[[Peer, Job], bool] = _owner_or_root
+        self.may_see_uid: Callable[[Peer, int], bool] = lambda peer, uid: peer.uid in (0, uid)
 
     def handlers(self) -> dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]]:
         return {
@@ -109,8 +110,21 @@ class Telemetry:
             "deadman_fires": len(await store.daemon_events("deadman")),
         }
 
-    async def stats(self, _peer: Peer) -> dict[str, Any]:
-        return {"ok": True, **(await self.stats_json())}
+    async def stats(self, peer: Peer) -> dict[str, Any]:
+        stats = await self.stats_json()
+        stats["gpu_hangs"] = await self.visible_hangs(stats["gpu_hangs"], peer)
+        return {"ok": True, **stats}
+
+    async def visible_hangs(self, hangs: list[dict[str, Any]], peer: Peer) -> list[dict[str, Any]]:
+        """A hang is a fact about the machine; its labels and evidence are the job's own."""
+        owners = await self.parts.store.owners({h["job"] for h in hangs if h["job"]})
+        out = []
+        for h in hangs:
+            uid = owners.get(h["job"])
+            if uid is None or not self.may_see_uid(peer, uid):
+                h = {**h, "labels": {}, "evidence": None}
+            out.append(h)
+        return out
 
     async def problems(self) -> list[str]:
         parts = self.parts
@@ -237,7 +251,7 @@ class Telemetry:
             "running": self._running_json(peer),
             "held": held,
             "queued": len(queued),
-            "recent_hangs": await self.parts.store.hangs(TOP_HANGS),
+            "recent_hangs": await self.visible_hangs(await self.parts.store.hangs(TOP_HANGS), peer),
             "host_memory": dataclasses.asdict(self.host_sample()),
             "problems": await self.problems(),
             "draining": sched.draining,

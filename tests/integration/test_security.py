@@ -211,8 +211,9 @@ def test_idle_clients_are_dropped_and_connection_and_queue_caps_hold(
     cli = d.cli("submit", "--gpus", "0", "--", "true", check=False)
     assert cli.returncode == 1 and "limit" in cli.stderr
 
-    held = [connect_served(d.socket) for _ in range(3)]
-    for conn in held:  # busy in a request, so not idle
+    held = []
+    for _ in range(3):  # each busy in a request at once, so never idle
+        held.append(conn := connect_served(d.socket))
         conn.sock.sendall(b'{"type":"wait","ids":[%d],"timeout_s":3}\n' % first)
     extra = Raw(d.socket)
     assert error_code(extra.read()) == protocol.BUSY
@@ -274,6 +275,7 @@ RUNTIME_DEPS = (
     "prometheus_client",
     "pynvml",
     "typing_extensions",
+    "regex",
     "idna",
     "sniffio",
 )
@@ -505,6 +507,14 @@ def test_jobs_run_as_their_submitter_and_others_see_only_public_fields(
         assert refused.returncode == 1 and "forbidden" in refused.stderr, (args, refused.stderr)
     assert d.show(roots)["state"] == "running"
     assert d.show(own)["state"] == "running"  # a refused request changes nothing
+
+    hung = d.submit("sleep", "30", labels={"frame": secret}, gpu_hang_retries=0)
+    card = d.wait_state(hung, "running")["gpus"][0]
+    d.append_kernel(f"NVRM: Xid (PCI:0000:0{card + 1}:00): 109, pid=1, name=x, Ch 00000008")
+    d.wait_for(lambda: d.call({"type": "stats"})["gpu_hangs"], what="the hang record")
+    assert d.call({"type": "stats"})["gpu_hangs"][0]["labels"] == {"frame": secret}
+    (stats,) = users.call(a, d.socket, {"type": "stats"})
+    assert stats["gpu_hangs"][0]["job"] == hung and secret not in json.dumps(stats)
 
     stranger = users.cli(users.outsider, d.socket, "list")
     assert stranger.returncode == 3 and "permission denied" in stranger.stderr
