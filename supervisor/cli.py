@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 the daemon said no, 2 bad usage, 3 the daemon cannot be
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import shlex
@@ -230,12 +229,14 @@ def cmd_show(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_logs(client: Client, a: argparse.Namespace) -> int:
+    from base64 import b64decode  # only here: every other command starts without it
+
     offset = 0
     stream = "stderr" if a.stderr else "stdout"
     out = sys.stdout.buffer
     while True:
         reply = client.call({"type": "logs", "ids": [a.id], "stream": stream, "offset": offset})
-        data = base64.b64decode(reply["data_b64"])
+        data = b64decode(reply["data_b64"])
         out.write(data)
         out.flush()
         offset = reply["offset"]

@@ -207,7 +207,7 @@ class Scheduler:
 
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any."""
-        if self.draining or self.launch is None:
+        if self.draining or self.launch is None or not self.queue:
             return None
         import time
 

@@ -167,14 +167,31 @@ def _spec_json(spec: JobSpec) -> str:
     return json.dumps({f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "env"})
 
 
-def _row_to_job(row: Sequence[Any]) -> Job:
-    spec_data = json.loads(row[1])
-    spec_data["argv"] = tuple(spec_data["argv"])
-    spec_data["after"] = tuple(spec_data.get("after", ()))
-    spec = JobSpec(env=json.loads(row[2]), **spec_data)
+class _Specs:
+    """Specs parsed for one read of many rows: the jobs of a batch (one spec, or one
+    environment) are parsed once and held in memory once."""
+
+    def __init__(self) -> None:
+        self.specs: dict[tuple[str, str], JobSpec] = {}
+        self.envs: dict[str, dict[str, str]] = {}
+
+    def get(self, spec_json: str, env_json: str) -> JobSpec:
+        spec = self.specs.get((spec_json, env_json))
+        if spec is None:
+            env = self.envs.get(env_json)
+            if env is None:
+                env = self.envs[env_json] = json.loads(env_json)
+            data = json.loads(spec_json)
+            data["argv"] = tuple(data["argv"])
+            data["after"] = tuple(data.get("after", ()))
+            spec = self.specs[(spec_json, env_json)] = JobSpec(env=env, **data)
+        return spec
+
+
+def _row_to_job(row: Sequence[Any], specs: _Specs | None = None) -> Job:
     return Job(
         id=row[0],
-        spec=spec,
+        spec=(specs or _Specs()).get(row[1], row[2]),
         state=JobState(row[3]),
         submitted_at=row[4],
         started_at=row[5],
@@ -525,7 +542,8 @@ class Store:
         rows = await self._all(
             f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('queued', 'running') ORDER BY id"
         )
-        return [_row_to_job(r) for r in rows]
+        specs = _Specs()
+        return [_row_to_job(r, specs) for r in rows]
 
     async def get_job(self, job_id: int) -> Job | None:
         rows = await self._all(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id=?", (job_id,))
@@ -547,7 +565,8 @@ class Store:
             f"SELECT {JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
             [*params, limit],
         )
-        return [_row_to_job(r) for r in rows]
+        specs = _Specs()
+        return [_row_to_job(r, specs) for r in rows]
 
     async def attempts(self, job_id: int) -> list[Attempt]:
         rows = await self._all(

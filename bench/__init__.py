@@ -1,0 +1,1 @@
+"""The gpusv benchmark: `python -m bench.run` (see docs/performance.md)."""

@@ -1,0 +1,156 @@
+"""Scheduling cost as the queue grows, measured in-process on the real Scheduler.
+
+The daemon's own dispatch code runs here unchanged (Scheduler, admission.plan, Store on
+a real SQLite file); only the launch of a process is left out, so that what is timed is
+the pass itself and not a fork. The situation is the one a busy box is in: both cards
+run long jobs, N GPU jobs wait for them, and a `--gpus 0` job arrives that fits a free
+CPU slot. Timed: the pass that starts it ("dispatch"), a pass with nothing to start
+("idle pass", what every wake-up costs), the first pass after the N jobs arrived
+(which records each one's hold once), and the pass after a GPU job ends, which gives
+its card to the next GPU job ("card frees"). All sizes live in one process and are
+measured in turns, so that they differ only in their queues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from supervisor import admission
+from supervisor.clock import now_iso
+from supervisor.config import load
+from supervisor.jobs import Job, JobSpec, JobState, transition
+from supervisor.projection import mem_key
+from supervisor.scheduler import Running, Scheduler
+from supervisor.store import Store
+
+from .harness import summary
+
+CHUNK = 10_000
+
+
+def _spec(gpus: int, argv: tuple[str, ...] = ("true",)) -> JobSpec:
+    return JobSpec(
+        argv=argv,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        owner_uid=os.geteuid(),
+        owner_gid=os.getegid(),
+        gpus=gpus,
+        mem_key=mem_key(argv),
+    )
+
+
+def _scheduler(root: Path, store: Store, tg: anyio.abc.TaskGroup) -> Scheduler:
+    cfg = load(
+        None,
+        flags={"state_dir": str(root / "state"), "socket": str(root / "unused.sock")},
+        env={},
+        uid=os.geteuid(),
+    )
+    sched = Scheduler(dataclasses.replace(cfg, cpu_slots=2), store)
+    sched.cards = [admission.Card(i, 24_576, 0, True, ()) for i in range(2)]
+    sched.tg = tg
+
+    async def launch(job: Job, r: Running) -> None:  # no process: the pass is what is timed
+        return None
+
+    sched.launch = launch
+    return sched
+
+
+def _end(sched: Scheduler, job_id: int) -> None:
+    """The started job ends at once, as the attempt runner would record it."""
+    job = sched.jobs[job_id]
+    running = transition(job, JobState.RUNNING, now_iso(), gpus=(), attempts=1)
+    sched.running.pop(job_id, None)
+    sched.put(transition(running, JobState.SUCCEEDED, now_iso(), None, exit_code=0))
+
+
+async def _card_frees(sched: Scheduler, repeats: int) -> list[float]:
+    """A GPU job ends and the pass gives its card to the next one in the queue."""
+    out = []
+    for _ in range(repeats):
+        _end(sched, next(j for j, r in sched.running.items() if r.cards))
+        began = time.perf_counter()
+        await sched.dispatch_pass()
+        out.append(time.perf_counter() - began)
+        assert sum(1 for r in sched.running.values() if r.cards) == 2, "a GPU job should start"
+    return out
+
+
+async def _fill(sched: Scheduler, queued: int) -> float:
+    """Both cards busy, `queued` GPU jobs behind them; returns the first pass's seconds."""
+    await sched.submit([_spec(1, ("sleep", "3600")) for _ in range(2)])
+    await sched.dispatch_pass()
+    assert len(sched.running) == 2, "both cards should be busy"
+    for start in range(0, queued, CHUNK):
+        await sched.submit([_spec(1)] * min(CHUNK, queued - start))
+    began = time.perf_counter()
+    await sched.dispatch_pass()
+    return time.perf_counter() - began
+
+
+async def _round(sched: Scheduler) -> tuple[float, float]:
+    """A CPU job arrives and is dispatched (timed), ends, and a pass finds nothing (timed)."""
+    (job,) = await sched.submit([_spec(0)])
+    began = time.perf_counter()
+    await sched.dispatch_pass()
+    dispatch = time.perf_counter() - began
+    assert job.id in sched.running, "the CPU job should have started"
+    _end(sched, job.id)
+    began = time.perf_counter()
+    await sched.dispatch_pass()
+    return dispatch, time.perf_counter() - began
+
+
+async def _measure(root: Path, queues: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+    """Every size set up first, then measured in turns: each round gives every size the
+    same process (heap, caches, GC), so that only the queue differs between them."""
+    stores = [await Store.open(root / f"{n}.db") for n in queues]
+    try:
+        async with anyio.create_task_group() as tg:
+            for store in stores:
+                await tg.start(store.run_writer)
+            scheds = [_scheduler(root, store, tg) for store in stores]
+            firsts = [await _fill(sched, n) for sched, n in zip(scheds, queues, strict=True)]
+            times: list[list[tuple[float, float]]] = [[] for _ in queues]
+            for _ in range(repeats):
+                for sched, out in zip(scheds, times, strict=True):
+                    out.append(await _round(sched))
+            freed = [await _card_frees(sched, 3) for sched in scheds]
+            tg.cancel_scope.cancel()
+    finally:
+        for store in stores:
+            await store.close()
+    return [
+        {
+            "queued": n,
+            "dispatch_ms": summary([d for d, _ in pairs]),
+            "idle_pass_ms": summary([i for _, i in pairs]),
+            "first_pass_ms": round(first * 1000, 1),
+            "card_frees_ms": summary(f),
+        }
+        for n, pairs, first, f in zip(queues, times, firsts, freed, strict=True)
+    ]
+
+
+def dispatch_cost(root: Path, queues: tuple[int, ...], repeats: int = 200) -> list[dict[str, Any]]:
+    root.mkdir(parents=True, exist_ok=True)
+    return anyio.run(_measure, root, queues, repeats)
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = tuple(int(a) for a in sys.argv[1:]) or (100, 10_000)
+        for row in dispatch_cost(Path(tmp), sizes):
+            print(row)

@@ -1,0 +1,62 @@
+"""The benchmark harness at tiny sizes: it runs end to end against a real daemon, writes
+its JSON, and turns figures into PASS/FAIL/SKIP lines. No figure is asserted on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import report
+from bench.run import main
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_bench_runs_end_to_end_at_tiny_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "result.json"
+    assert main(["--tiny", "--only", "fresh,dispatch,queue,history", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["client"]["gpusv_submit"]["n"] == 3
+    assert results["throughput_gpu"]["jobs"] == 20
+    assert results["hang"]["line_to_gpu_hang_ms"]["n"] == 1
+    assert [d["queued"] for d in results["dispatch"]] == [10, 100]
+    assert results["queue"]["cli_batch"]["jobs"] == 200
+    assert results["history"]["jobs"] == 200
+    verdicts = [t["ok"] for t in results["targets"]]
+    assert len(verdicts) == len(report.TARGETS)
+    assert None not in verdicts  # each target was measured (tsp, left out, is optional)
+    printed = capsys.readouterr().out
+    assert "gpusv submit" in printed and "restart -> READY" in printed
+
+
+def test_a_target_not_measured_is_skipped_not_failed() -> None:
+    assert {t.ok for t in report.targets({})} == {None}
+    assert report.table({}).count("SKIP") == len(report.TARGETS)
+
+
+def test_targets_compare_against_their_thresholds() -> None:
+    results = {
+        "client": {"gpusv_submit": {"p50": 25.0}, "bare_interpreter": {"p50": 10.0}},
+        "throughput_gpu": {"jobs_per_s": 600.0},
+        "tsp": {"jobs_per_s": 700.0},
+        "dispatch": [
+            {"queued": 100, "dispatch_ms": {"p50": 0.2}},
+            {"queued": 100_000, "dispatch_ms": {"p50": 0.29}},
+        ],
+        "history": {"jobs": 100_000, "rss_mb": 81.0, "idle_cpu_pct": 0.05},
+    }
+    by_name = {t.name.split(" ")[0]: t.ok for t in report.targets(results)}
+    assert by_name == {
+        "throughput": False,  # fast enough, but slower than Task Spooler
+        "batch": None,
+        "gpusv": False,  # 2.5x the interpreter
+        "submit": None,
+        "per-dispatch": True,
+        "daemon": False,
+        "idle": True,
+        "restart": None,
+    }
