@@ -1,4 +1,4 @@
-"""gpusv: the command-line client. Imports protocol and config only, so it starts fast.
+"""gpusv: the command-line client. Imports client, protocol and config only: it starts fast.
 
 Exit codes: 0 success, 1 the daemon said no, 2 bad usage, 3 the daemon cannot be reached;
 `wait` and `submit --wait` exit with the job's own code.
@@ -10,75 +10,19 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import protocol
+from .client import Client, Refused, Unreachable
 from .config import ConfigError, load, parse_size_mb, resolve_socket
 
 EXIT_NO = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
-
-class Refused(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Unreachable(Exception):
-    pass
-
-
-class Client:
-    """One connection for the whole command; requests go one at a time."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock: socket.socket | None = None
-        self.buf = b""
-
-    def _connect(self) -> socket.socket:
-        if self.sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(str(self.path))
-            except (FileNotFoundError, ConnectionRefusedError):
-                sock.close()
-                raise Unreachable(
-                    f"gpusvd is not running (no daemon at {self.path}); start it with "
-                    "`gpusvd` or `systemctl start gpusvd`"
-                ) from None
-            except PermissionError:
-                sock.close()
-                raise Unreachable(
-                    f"permission denied on {self.path}: ask for the socket's group"
-                ) from None
-            self.sock = sock
-        return self.sock
-
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        sock = self._connect()
-        request.setdefault("version", protocol.VERSION)
-        try:
-            sock.sendall(protocol.encode(request))
-            while b"\n" not in self.buf:
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    raise Unreachable("gpusvd closed the connection")
-                self.buf += chunk
-        except (BrokenPipeError, ConnectionResetError):
-            raise Unreachable("gpusvd closed the connection") from None
-        line, _, self.buf = self.buf.partition(b"\n")
-        reply: dict[str, Any] = json.loads(line)
-        if not reply.get("ok"):
-            err = reply.get("error", {})
-            raise Refused(err.get("code", "error"), err.get("message", "request refused"))
-        return reply
+__all__ = ["Client", "Refused", "Unreachable", "main"]
 
 
 def _out(obj: Any) -> None:
