@@ -43,6 +43,7 @@ from .telemetry import Telemetry
 
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
+STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
 
 
 @dataclass
@@ -120,6 +121,7 @@ async def build(cfg: Config) -> Parts:
     monitor = GpuMonitor(
         backend,
         deadman.call,
+        busy=lambda: bool(sched.running),
         on_change=lambda: _cards_changed(sched, monitor),
         beat=lambda: board.beat("gpu-monitor", time.monotonic()),
     )
@@ -129,6 +131,9 @@ async def build(cfg: Config) -> Parts:
     hooks = Hooks(cfg.hooks, sched)
     sched.observers.append(hooks.on_change)
     hangs.reclassified = hooks.after_attempt
+    sched.observers.append(
+        lambda old, new: monitor.poke() if new.state is JobState.RUNNING else None
+    )
     attempts = AttemptRunner(
         sched,
         logs_dir=state / "logs",
@@ -235,9 +240,15 @@ async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
 
 
 async def _status(parts: Parts) -> None:
+    changed = anyio.Event()
+
+    def on_change(_old: Job | None, _new: Job) -> None:
+        changed.set()
+
+    parts.sched.observers.append(on_change)
     while True:
         sched = parts.sched
-        queued = sum(1 for j in sched.jobs.values() if j.state is JobState.QUEUED)
+        queued = len(sched.queue)
         cards = parts.monitor.cards
         parts.notifier.status(
             status_line(
@@ -250,7 +261,9 @@ async def _status(parts: Parts) -> None:
             )
         )
         sched.poke()  # the dispatch loop checks in after the pass this wakes
-        await anyio.sleep(2.0)
+        with anyio.move_on_after(STATUS_INTERVAL_S):
+            await changed.wait()
+        changed = anyio.Event()
 
 
 async def _self_ping(parts: Parts) -> None:

@@ -31,12 +31,19 @@ class GpuMonitor:
         call: Callable[[Callable[[], Any], str], Awaitable[Any]],
         *,
         interval_s: float = 1.0,
+        idle_interval_s: float = 5.0,
+        busy: Callable[[], bool] = lambda: True,
         on_change: Callable[[], None] = lambda: None,
         beat: Callable[[], None] = lambda: None,
     ) -> None:
         self.backend = backend
         self.call = call
         self.interval_s = interval_s
+        # Utilization matters to the watchdog only while jobs run; an idle box is read
+        # less often (health changes still show within idle_interval_s).
+        self.idle_interval_s = idle_interval_s
+        self.busy = busy
+        self._wake = anyio.Event()
         self.on_change = on_change
         self.beat = beat
         self.cards: list[GpuInfo] = []
@@ -112,6 +119,10 @@ class GpuMonitor:
             self.on_change()
         return info
 
+    def poke(self) -> None:
+        """Read the cards now (a job just started: the watchdog needs fresh utilization)."""
+        self._wake.set()
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             task_status.started()
@@ -119,4 +130,6 @@ class GpuMonitor:
                 self.beat()
                 for card in list(self.cards):
                     tg.start_soon(self.probe, card.index)
-                await anyio.sleep(self.interval_s)
+                with anyio.move_on_after(self.interval_s if self.busy() else self.idle_interval_s):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
