@@ -1,4 +1,4 @@
-"""gpusv: the command-line client. Imports client, protocol and config only: it starts fast.
+"""gpusv: the command-line client. Imports client, sizes and locations only: it starts fast.
 
 Exit codes: 0 success, 1 the daemon said no, 2 bad usage, 3 the daemon cannot be reached;
 `wait` and `submit --wait` exit with the job's own code.
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .client import Client, Refused, Unreachable
-from .config import ConfigError, load, parse_size_mb, resolve_socket
+from .locations import resolve_socket
+from .sizes import ConfigError, parse_size_mb
 
 EXIT_NO = 1
 EXIT_USAGE = 2
@@ -365,6 +366,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         cfg_socket = None
         if a.config is not None:
+            from .config import load  # only then: the full config costs start-up time
+
             cfg_socket = str(load(a.config, uid=os.geteuid()).socket)
         path = resolve_socket(a.socket, os.environ, cfg_socket, os.geteuid())
         client = Client(path)

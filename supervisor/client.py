@@ -1,6 +1,6 @@
 """The client side of the socket protocol: one connection, requests one at a time.
 
-Used by the `gpusv` CLI, the bench and the tests; imports only the protocol module.
+Used by the `gpusv` CLI, the bench and the tests; imports only the framing.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import framing
 
 
 class Refused(Exception):
@@ -52,9 +52,9 @@ class Client:
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         sock = self._connect()
-        request.setdefault("version", protocol.VERSION)
+        request.setdefault("version", framing.VERSION)
         try:
-            sock.sendall(protocol.encode(request))
+            sock.sendall(framing.encode(request))
             while b"\n" not in self.buf:
                 chunk = sock.recv(1 << 20)
                 if not chunk:

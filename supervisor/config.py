@@ -1,7 +1,8 @@
 """Configuration: a TOML file, command-line flags and two environment variables, validated
 once at start into a tree of frozen dataclasses.
 
-Standard library only and cheap to import: the CLI uses it for socket resolution and sizes.
+Standard library only. Sizes (sizes.py) and default paths (locations.py) live apart, so
+that the CLI can use them without loading this.
 """
 
 from __future__ import annotations
@@ -12,48 +13,25 @@ import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-_MIB = 1024**2
-_UNITS = {"": 1, "K": 1024, "M": _MIB, "G": 1024**3, "T": 1024**4}
-# A trailing "B" or "iB" is tolerated; the units are powers of 1024 whatever the spelling.
-_SIZE_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(?:i?B)?|B)?", re.IGNORECASE)
+from .locations import SOCKET_ENV as SOCKET_ENV  # re-exported: part of the config's API
+from .locations import default_state_dir as default_state_dir
+from .locations import resolve_socket as resolve_socket
+from .sizes import ConfigError as ConfigError
+from .sizes import _fail
+from .sizes import parse_size as parse_size
+from .sizes import parse_size_mb as parse_size_mb
+
 _GPU_SPEC_RE = re.compile(r"(\d+)\s*[xX]\s*(\S+)")
 _MAX_SIMULATED_GPUS = 64
 _SECTION = {"section": True}
 _KERNEL_LOG_SOURCES = ("auto", "journal", "kmsg", "off")
 _FLAG_KEYS = ("state_dir", "socket", "simulate_gpus", "kernel_log", "log_format")
 DEADLINE_ENV = "GPUSVD_ABORT_DEADLINE_S"
-SOCKET_ENV = "GPUSV_SOCKET"
 
 Parser = Callable[[object, str], Any]
-
-
-class ConfigError(ValueError):
-    """A bad key, type or value; the message is one line that names the key."""
-
-
-def _fail(key: str, problem: str, value: object) -> ConfigError:
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    return ConfigError(f"{key}: {problem}, got {shown}")
-
-
-def parse_size(text: str | int, key: str = "size") -> int:
-    """Bytes from "24G", "1.5G", "512M" or "512" (K/M/G/T are powers of 1024)."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise _fail(key, "must be a size >= 0 like '24G' (K, M, G, T: powers of 1024)", text)
-    number, unit = match.group(1), (match.group(2) or "").upper()
-    return math.ceil(Fraction(number) * _UNITS[unit])
-
-
-def parse_size_mb(text: str | int, key: str = "size") -> int:
-    """MiB from a size, rounded up."""
-    return -(-parse_size(text, key) // _MIB)
 
 
 def parse_gpu_spec(text: str, key: str = "simulate_gpus") -> tuple[int, int]:
@@ -289,33 +267,6 @@ class Config:
     def simulated_gpus(self) -> tuple[int, int] | None:
         """(count, VRAM MiB) of the simulated cards, or None for real GPUs."""
         return None if self.simulate_gpus is None else parse_gpu_spec(self.simulate_gpus)
-
-
-def default_state_dir(uid: int, env: Mapping[str, str]) -> Path:
-    """/var/lib/gpusvd for root, else $XDG_STATE_HOME/gpusvd or ~/.local/state/gpusvd."""
-    if uid == 0:
-        return Path("/var/lib/gpusvd")
-    xdg = env.get("XDG_STATE_HOME", "")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "gpusvd"
-    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-    return home / ".local" / "state" / "gpusvd"
-
-
-def resolve_socket(
-    flag: str | None, env: Mapping[str, str], config_socket: str | None, uid: int
-) -> Path:
-    """--socket, $GPUSV_SOCKET, the config's socket, then the per-user default."""
-    for candidate in (flag, env.get(SOCKET_ENV), config_socket):
-        if candidate:
-            return Path(os.fspath(candidate)).expanduser().absolute()
-    if uid == 0:
-        return Path("/run/gpusvd/gpusvd.sock")
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if runtime and Path(runtime).is_absolute():
-        return Path(runtime) / "gpusvd.sock"
-    return Path(f"/tmp/gpusvd-{uid}/gpusvd.sock")
 
 
 def _parse_table(cls: type, table: Mapping[str, object], prefix: str = "") -> dict[str, Any]:

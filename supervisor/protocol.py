@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-VERSION = 1
-MAX_LINE = 1024 * 1024  # one request line; longer ones are refused unread
+from .framing import MAX_LINE as MAX_LINE  # re-exported: the framing is protocol too
+from .framing import VERSION as VERSION
+from .framing import encode as encode
+
 MAX_ARGV = 4096
 MAX_ARG_BYTES = 128 * 1024
 MAX_ENV = 4096
@@ -57,13 +59,6 @@ class ProtocolError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": False, "error": {"code": self.code, "message": self.message}}
-
-
-def encode(obj: dict[str, Any]) -> bytes:
-    # backslashreplace: a lone surrogate (an undecodable file name in a CLI's argv) goes out
-    # as its JSON escape, which the daemon refuses with a typed error, instead of raising.
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
 def _no_constant(name: str) -> Any:

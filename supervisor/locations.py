@@ -1,0 +1,39 @@
+"""Where gpusvd keeps its state and its socket, when nothing says otherwise.
+
+Standard library only and cheap to import: the CLI resolves the socket with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+SOCKET_ENV = "GPUSV_SOCKET"
+
+
+def default_state_dir(uid: int, env: Mapping[str, str]) -> Path:
+    """/var/lib/gpusvd for root, else $XDG_STATE_HOME/gpusvd or ~/.local/state/gpusvd."""
+    if uid == 0:
+        return Path("/var/lib/gpusvd")
+    xdg = env.get("XDG_STATE_HOME", "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "gpusvd"
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    return home / ".local" / "state" / "gpusvd"
+
+
+def resolve_socket(
+    flag: str | None, env: Mapping[str, str], config_socket: str | None, uid: int
+) -> Path:
+    """--socket, $GPUSV_SOCKET, the config's socket, then the per-user default."""
+    for candidate in (flag, env.get(SOCKET_ENV), config_socket):
+        if candidate:
+            return Path(os.fspath(candidate)).expanduser().absolute()
+    if uid == 0:
+        return Path("/run/gpusvd/gpusvd.sock")
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and Path(runtime).is_absolute():
+        return Path(runtime) / "gpusvd.sock"
+    return Path(f"/tmp/gpusvd-{uid}/gpusvd.sock")
