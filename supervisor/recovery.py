@@ -46,6 +46,9 @@ async def reconcile(sched: Scheduler, store: Store) -> None:
             log.warning("attempt interrupted by restart", job_id=job.id, killed=killed)
             job = requeued
         sched.put(job)
+        if job.state is JobState.QUEUED and job.hold_reason:
+            # Announced before the restart: the same wait must not be evented again.
+            sched.announced[job.id] = {job.hold_reason}
     for job in jobs:
         if sched.jobs.get(job.id) is not None and job.spec.after:
             await sched._track_deps(sched.jobs[job.id])

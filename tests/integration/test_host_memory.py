@@ -196,3 +196,21 @@ def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
         release.touch()
         assert d.wait_done(older)["state"] == "succeeded"
         d.stop()
+
+
+def test_a_hold_is_not_announced_again_after_a_restart(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(config=CONFIG)
+    big = d.submit("sleep", "60", mem_mb=500)
+    d.wait_state(big, "running")
+    held = d.submit("sleep", "0.1", mem_mb=400)
+    d.wait_for(lambda: d.show(held)["waiting_for"], what="a hold")
+    d.kill9()
+    d.start()
+    d.wait_state(big, "running")
+    d.wait_for(lambda: d.show(held)["waiting_for"], what="the hold again")
+    time.sleep(0.5)  # several passes after the restart
+    assert len(queue_waits(d.show(held))) == 1
+    d.cli("cancel", str(big))
+    assert d.wait_done(held)["state"] == "succeeded"
