@@ -38,7 +38,14 @@ from .sampling import Sampler
 from .scheduler import Running, Scheduler
 from .server import Server, StartupError, preflight
 from .store import Store
-from .systemd import HealthBoard, Notifier, StallDetector, status_line, watchdog_interval_s
+from .systemd import (
+    HealthBoard,
+    Notifier,
+    StallDetector,
+    status_line,
+    watchdog_interval_s,
+    watchdog_task,
+)
 from .telemetry import Telemetry
 
 log = structlog.get_logger("gpusvd")
@@ -320,8 +327,6 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
 
 
 def watchdog_task_for(parts: Parts, interval: float) -> Any:
-    from .systemd import watchdog_task
-
     async def task(*, task_status: anyio.abc.TaskStatus[None]) -> None:
         await watchdog_task(parts.notifier, parts.board, interval, task_status=task_status)
 

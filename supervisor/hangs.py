@@ -21,7 +21,7 @@ from .faults.classifier import Classification, Classifier, FaultClass
 from .faults.sources import KernelLine, follow
 from .jobs import ExitStatus, FailureReason, Job, JobState
 from .memory import read_meminfo
-from .store import Event
+from .store import Attempt, Event
 
 if TYPE_CHECKING:
     from .attempts import AttemptRunner
@@ -200,23 +200,24 @@ class HangWatcher:
         reason = r.attempt.reason
         if reason == FailureReason.GPU_HANG.value:
             assert self.sched.tg is not None
-            self.sched.tg.start_soon(self.record, job, r)
+            self.sched.tg.start_soon(self.record, job, r.attempt)
         elif reason in ("exit_nonzero", "signal") and r.cards:
             self.failures.append((time.monotonic(), job.id, r.attempt.n, r.cards))
 
-    async def record(self, job: Job, r: Running) -> None:
-        card = r.cards[0] if r.cards else None
+    async def record(self, job: Job, attempt: Attempt) -> None:
+        """A hang record: the attempt (its card, evidence) and the machine at this moment."""
+        card = attempt.gpus[0] if attempt.gpus else None
         info = self.monitor.cards[card] if card is not None else None
         mem = read_meminfo()
         await self.sched.store.record_hang(
             {
                 "job": job.id,
-                "attempt": r.attempt.n,
+                "attempt": attempt.n,
                 "gpu": card,
                 "pci_bus_id": info.pci_bus_id if info else None,
                 "driver_version": info.driver_version if info else None,
                 "at": now_iso(),
-                "evidence": r.attempt.evidence,
+                "evidence": attempt.evidence,
                 "host_mem_available_mb": mem.available_mb,
                 "swap_used_mb": mem.swap_used_mb,
                 "vram_used_mb": info.vram_used_mb if info else None,
@@ -251,9 +252,5 @@ class HangWatcher:
         message = f"attempt {n} reclassified as gpu_hang: a reset line for its GPU followed"
         await store.save(fixed, now_iso(), Event("gpu_hang", message), ended_attempt=ended)
         self.sched.put(fixed)
-        cards = tuple(attempt.gpus)
-        from .scheduler import Running
-
-        r = Running(job.id, ended, cards, 0, 0.0, None, 0)
-        await self.record(fixed, r)
+        await self.record(fixed, ended)
         self.reclassified(fixed, ended)

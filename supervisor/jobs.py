@@ -6,6 +6,7 @@ Standard library only: every other module may import this one, it imports none o
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal as _signal
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -127,8 +128,6 @@ class ExitStatus:
 
     @classmethod
     def from_wait_status(cls, status: int) -> ExitStatus:
-        import os
-
         if os.WIFSIGNALED(status):
             return cls(None, os.WTERMSIG(status))
         return cls(os.WEXITSTATUS(status), None)

@@ -3,6 +3,7 @@ the no-progress watchdog. One pass over /proc per interval for all jobs, off the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ import structlog
 
 from . import oom
 from .faults.watchdog import ProgressTracker, check_progress
-from .jobs import FailureReason
+from .jobs import FailureReason, Job
 from .memory import TreeSampler, read_meminfo
 from .runner import reap_orphans
 
@@ -148,9 +149,7 @@ class Sampler:
             del self.offsets[key]
 
 
-def _with_progress(job: Any, match: str) -> Any:
-    import dataclasses
-
+def _with_progress(job: Job, match: str) -> Job:
     return dataclasses.replace(job, progress=match)
 
 
