@@ -11,13 +11,15 @@ from typing import Any
 
 import anyio
 
-from . import protocol, views
-from .config import Config
-from .jobs import Job, JobSpec, JobState
-from .projection import mem_key
-from .protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
-from .scheduler import Scheduler
-from .server import Peer
+from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.core.projection import mem_key
+from supervisor.daemon import views
+from supervisor.daemon.config import Config
+from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.server import Peer
+from supervisor.daemon.store import StorageError
+from supervisor.wire import protocol
+from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
 
 LOG_CHUNK = 512 * 1024
 
@@ -84,6 +86,13 @@ class Api:
     # ---- dispatch -------------------------------------------------------------------
 
     async def handle(self, req: Request, peer: Peer) -> dict[str, Any]:
+        try:
+            with self.store.answering():  # a request that cannot be recorded is refused
+                return await self._handle(req, peer)
+        except StorageError as exc:
+            raise ProtocolError(protocol.STORAGE, f"{exc}; nothing was done") from None
+
+    async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
             return await self.submit(req, peer)
         if isinstance(req, ListJobs):

@@ -21,24 +21,23 @@ import anyio
 import anyio.abc
 import structlog
 
-from . import logs, oom, runner
-from .api import Api
-from .attempts import AttemptRunner
-from .clock import iso_from_epoch
-from .config import Config, ConfigError, load
-from .deadman import Deadman, abort_deadline_s
-from .forensics import Forensics
-from .gpu_monitor import GpuMonitor
-from .gpus import open_backend
-from .hangs import HangWatcher
-from .hooks import Hooks
-from .jobs import FailureReason, Job, JobState
-from .recovery import reconcile
-from .sampling import Sampler
-from .scheduler import Running, Scheduler
-from .server import Server, StartupError, preflight
-from .store import Store
-from .systemd import (
+from supervisor.core.jobs import FailureReason, Job, JobState
+from supervisor.daemon import logs, oom, runner
+from supervisor.daemon.api import Api
+from supervisor.daemon.attempts import AttemptRunner
+from supervisor.daemon.clock import iso_from_epoch
+from supervisor.daemon.config import Config, ConfigError, load
+from supervisor.daemon.deadman import Deadman, abort_deadline_s
+from supervisor.daemon.forensics import Forensics
+from supervisor.daemon.gpu_monitor import GpuMonitor
+from supervisor.daemon.hangs import HangWatcher
+from supervisor.daemon.hooks import Hooks
+from supervisor.daemon.recovery import reconcile
+from supervisor.daemon.sampling import Sampler
+from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.server import Server, StartupError, preflight
+from supervisor.daemon.store import Store, StoreOpenError
+from supervisor.daemon.systemd import (
     HealthBoard,
     Notifier,
     StallDetector,
@@ -46,7 +45,8 @@ from .systemd import (
     watchdog_interval_s,
     watchdog_task,
 )
-from .telemetry import Telemetry
+from supervisor.daemon.telemetry import Telemetry
+from supervisor.gpus import open_backend
 
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
@@ -115,6 +115,16 @@ async def build(cfg: Config) -> Parts:
     _lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
+    try:
+        return await _assemble(cfg, store)
+    except BaseException:  # the store's thread would keep a failed start alive
+        with anyio.CancelScope(shield=True):
+            await store.close()
+        raise
+
+
+async def _assemble(cfg: Config, store: Store) -> Parts:
+    state = cfg.state_dir
     await _record_previous_exit(store, state)
     backend, warnings = open_backend(cfg.simulate_gpus, state)
     for warning in warnings:
@@ -393,7 +403,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(2)
     try:
         code = anyio.run(run, cfg)
-    except StartupError as exc:
+    except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

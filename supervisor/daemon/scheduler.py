@@ -14,20 +14,21 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from . import admission
-from .clock import monotonic, now_iso
-from .config import Config
-from .jobqueue import DEVICE_HOLD, JobQueue, Key, kind_of, used_before
-from .jobs import FailureReason, Job, JobSpec, JobState, transition
-from .memory import read_meminfo
-from .projection import MemObservation, Projection, project
-from .store import Attempt, Event, Store
+from supervisor.core import admission
+from supervisor.core.jobqueue import DEVICE_HOLD, JobQueue, Key, kind_of, used_before
+from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState, transition
+from supervisor.core.projection import MemObservation, Projection, project
+from supervisor.daemon.clock import monotonic, now_iso
+from supervisor.daemon.config import Config
+from supervisor.daemon.memory import read_meminfo
+from supervisor.daemon.store import Attempt, Event, Store
 
 if TYPE_CHECKING:
-    from .faults.watchdog import ProgressTracker
-    from .runner import ProcessHandle
+    from supervisor.daemon.runner import ProcessHandle
+    from supervisor.faults.watchdog import ProgressTracker
 
 HISTORY = 50  # attempts per memory key kept in memory for projections
+STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 
 
 @dataclass
@@ -209,6 +210,8 @@ class Scheduler:
         """One admission pass; returns seconds until the next backoff expires, if any."""
         if self.draining or self.launch is None or not self.queue:
             return None
+        if self.store.problem is not None:  # nothing starts that could not be recorded
+            return STORAGE_RECHECK_S
         import time
 
         now_wall, now, cards = time.time(), monotonic(), self.cards_now()
