@@ -106,7 +106,8 @@ class Keeper:
         if self.gone:
             raise KeeperGone(f"keeper {self.name} is gone")
         self._next += 1
-        rid, done, box = self._next, anyio.Event(), []
+        rid, done = self._next, anyio.Event()
+        box: list[dict[str, Any]] = []
         self._replies[rid] = (done, box)
         line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
         try:
@@ -118,7 +119,7 @@ class Keeper:
         await done.wait()
         if not box:
             raise KeeperGone(f"keeper {self.name} went away before it answered")
-        answer = box[0]
+        answer: dict[str, Any] = box[0]
         if not answer.get("ok"):
             error = answer.get("error") or {}
             raise KeeperError(str(error.get("code")), str(error.get("message")))
