@@ -9,19 +9,23 @@ swap one for the other; the processes are the keeper's children, never ours.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import structlog
 from anyio.abc import SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.core.jobs import ExitStatus
 from supervisor.daemon.runner import LaunchSpec, SpawnError
-from supervisor.keeper.client import KeeperError, launch
+from supervisor.keeper.client import Connection, KeeperError, launch
 from supervisor.keeper.journal import Key, Record, record_from
 
 log = structlog.get_logger("gpusvd.keepers")
@@ -42,10 +46,15 @@ def exit_status(record: Record) -> ExitStatus | None:
 
 @dataclass
 class KeptProcess:
-    """A job's leader, kept by a keeper: ProcessHandle's shape, over the keeper's socket."""
+    """A job's leader, kept by a keeper: ProcessHandle's shape, over the keeper's socket.
+
+    The synchronous methods (tree, signal_tree, kill_tree) serve callers on worker and
+    abort threads, as ProcessHandle's do: they read the job's cgroup themselves, and a
+    kill opens a connection of its own."""
 
     keeper: Keeper
     record: Record
+    ended: Record | None = None
 
     @property
     def pid(self) -> int:
@@ -59,14 +68,69 @@ class KeptProcess:
     def key(self) -> Key:
         return self.record.key
 
-    async def wait(self) -> Record:
-        """The ended record (status, peak, OOM kills); raises KeeperGone if the keeper dies
-        first (its jobs are then found through their cgroups by the next keeper)."""
-        return await self.keeper.ended(self.key)
+    @property
+    def known(self) -> dict[int, psutil.Process]:
+        """The job's processes as its cgroup lists them (the sampler's seeds)."""
+        return {proc.pid: proc for proc in self.tree()}
 
-    async def kill_tree(self, grace_s: float) -> None:
-        """SIGTERM and SIGCONT to every process, SIGKILL after the grace; returns once
-        every process of the job is gone."""
+    @property
+    def leader(self) -> psutil.Process | None:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.start_time) < 1.0:
+                return proc
+        return None
+
+    def pids_now(self) -> list[int]:
+        """From cgroup.procs (v2, else v1 memory): no /proc scan, no escape."""
+        for path in (self.record.cgroup, self.record.memcg):
+            if path:
+                try:
+                    return [int(p) for p in Path(path, "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+        leader = self.leader
+        if leader is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [self.pid, *(c.pid for c in leader.children(recursive=True))]
+        return []
+
+    def tree(self, table: object = None) -> list[psutil.Process]:
+        procs = []
+        for pid in self.pids_now():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    procs.append(proc)
+        return procs
+
+    def remember(self, pids: object) -> None:
+        """The cgroup remembers for us."""
+
+    def signal_tree(self, sig: int) -> None:
+        for pid in self.pids_now():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def kill_tree(self, grace_s: float) -> None:
+        """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
+        returns once every process of the job is gone (the keeper answers then)."""
+        try:
+            with Connection(self.keeper.home / "sock", timeout_s=None) as conn:
+                conn.call("kill", job=self.key[0], attempt=self.key[1], grace_s=grace_s)
+        except (OSError, ConnectionError, KeeperError) as exc:
+            log.warning("kill through the keeper failed", job_id=self.key[0], error=repr(exc))
+            self.signal_tree(signal.SIGKILL)
+
+    async def wait(self) -> ExitStatus | None:
+        """The leader's status once its end is on the keeper's disk; None when the keeper
+        found it orphaned (`lost`: killed, true status unknown). Raises KeeperGone if the
+        keeper dies first."""
+        self.ended = await self.keeper.ended(self.key)
+        return exit_status(self.ended)
+
+    async def kill(self, grace_s: float) -> None:
         await self.keeper.call("kill", job=self.key[0], attempt=self.key[1], grace_s=grace_s)
 
     async def pids(self) -> list[int]:
@@ -77,12 +141,6 @@ class KeptProcess:
         """(peak bytes, OOM kills) from the job's own cgroup: the kernel's figures."""
         answer = await self.keeper.call("memory", job=self.key[0], attempt=self.key[1])
         return answer["peak_bytes"], answer["oom_kills"]
-
-    async def set_oom_score_adj(self, value: int) -> list[str]:
-        answer = await self.keeper.call(
-            "oom_score_adj", job=self.key[0], attempt=self.key[1], value=value
-        )
-        return [str(f) for f in answer["failures"]]
 
     async def ack(self) -> None:
         """The end is committed: the keeper may forget the record and the cgroups."""

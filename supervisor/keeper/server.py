@@ -218,13 +218,15 @@ class Server:
             if other is not conn:
                 self._close(other)
         self.attached = conn
-        reply({"pid": os.getpid(), "jobs": self._jobs_json()})
+        # After this turn's sync: a start recorded in this same turn is listed only once
+        # it is on disk, so a new daemon never adopts a record a crash could still undo.
+        self.jobs.after_sync.append(lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json()}))
 
     def _op_ping(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
         reply({"pid": os.getpid()})
 
     def _op_list(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
-        reply({"jobs": self._jobs_json()})
+        self.jobs.after_sync.append(lambda: reply({"jobs": self._jobs_json()}))
 
     def _jobs_json(self) -> list[dict[str, Any]]:
         return [record.to_json() for record in self.jobs.journal.records.values()]

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from supervisor.daemon.keepers import KeeperGone, Keepers, exit_status
@@ -62,8 +63,9 @@ async def test_spawn_wait_and_acknowledge() -> None:
         async with Keepers(state, v2, v1) as keepers:
             proc = await keepers.spawn("cpu", _spec(state, 1, ["sh", "-c", "exit 3"]))
             assert proc.record.cgroup == str(v2 / "keeper-cpu" / "job-1-1")
-            ended = await proc.wait()
-            assert exit_status(ended) is not None and exit_status(ended).exit_code == 3  # type: ignore[union-attr]
+            status = await proc.wait()
+            assert status is not None and status.exit_code == 3
+            assert proc.ended is not None and exit_status(proc.ended) == status
             await proc.ack()
             with pytest.raises(SpawnError, match="executable not found: nope"):
                 await keepers.spawn("cpu", _spec(state, 2, ["nope"]))
@@ -73,13 +75,15 @@ async def test_kill_tree_and_memory_of_a_running_job() -> None:
     with state_dir() as (state, v2, v1):
         async with Keepers(state, v2, v1) as keepers:
             proc = await keepers.spawn("gpu0", _spec(state, 1, ["sh", "-c", "sleep 1000 & wait"]))
-            pids = await proc.pids()
+            while len(pids := await proc.pids()) < 2:  # sh, then its sleep
+                await anyio.sleep(0.01)
             assert proc.pid in pids
             peak, oom = await proc.memory()
             assert peak is not None and oom == 0
-            await proc.kill_tree(5.0)
-            ended = await proc.wait()
-            assert ended.signal == signal.SIGTERM
+            assert sorted(proc.pids_now()) == sorted(pids)
+            await proc.kill(5.0)
+            status = await proc.wait()
+            assert status is not None and status.signal == signal.SIGTERM
             assert not any(alive(p) for p in pids)
 
 
@@ -102,10 +106,11 @@ async def test_a_new_client_takes_back_running_jobs_and_exits_that_happened_mean
             assert [(r.job, r.pid, r.exit_code) for r in records1] == [(2, ends.pid, 3)]
             adopted = second.adopt(keeper0, records0[0])
             assert alive(adopted.pid)
-            ended = await second.adopt(keeper1, records1[0]).wait()
-            assert ended.exit_code == 3
-            await adopted.kill_tree(5.0)
-            assert (await adopted.wait()).signal == signal.SIGTERM
+            status = await second.adopt(keeper1, records1[0]).wait()
+            assert status is not None and status.exit_code == 3
+            await anyio.to_thread.run_sync(adopted.kill_tree, 5.0)  # as an abort thread does
+            status = await adopted.wait()
+            assert status is not None and status.signal == signal.SIGTERM
 
 
 async def test_a_keeper_that_dies_fails_its_waiters() -> None:
