@@ -35,7 +35,7 @@ from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import Running, Scheduler
-from supervisor.daemon.server import Server, StartupError, preflight
+from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
 from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
     HealthBoard,
@@ -51,6 +51,7 @@ from supervisor.gpus import open_backend
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
+SELF_PING_S = 10.0  # the server's check-in; as often as WATCHDOG=1 when that is sooner
 
 
 @dataclass
@@ -173,7 +174,8 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         lambda req, peer: api_parts["api"].handle(req, peer),
         mode=cfg.socket_mode,
         group=cfg.socket_group,
-        max_connections=cfg.limits.max_connections,
+        max_connections=connection_cap(cfg.limits.max_connections),
+        max_per_user=cfg.limits.max_connections_per_user,
         idle_timeout_s=cfg.limits.idle_timeout_s,
     )
     parts = Parts(cfg, store, sched, monitor, attempts, deadman, Notifier(), board, hangs, server)
@@ -283,9 +285,10 @@ async def _status(parts: Parts) -> None:
         changed = anyio.Event()
 
 
-async def _self_ping(parts: Parts) -> None:
+async def _self_ping(parts: Parts, every_s: float) -> None:
     """The server checks in only by answering a real client on its own socket: a wedged
-    accept loop or handler stops the pings to systemd."""
+    accept loop or handler stops the pings to systemd. The server never refuses this
+    client (its pid is the daemon's): a flood of others must not stop the check-in."""
     request = b'{"type":"ping"}\n'
     while True:
         with anyio.move_on_after(5.0):
@@ -296,7 +299,7 @@ async def _self_ping(parts: Parts) -> None:
                         parts.board.beat("server", time.monotonic())
             except OSError as exc:
                 log.warning("cannot reach our own socket", error=str(exc))
-        await anyio.sleep(10.0)
+        await anyio.sleep(every_s)
 
 
 async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -318,8 +321,8 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             await tg.start(parts.server.run)
             tg.start_soon(_signals, parts, scope)
             tg.start_soon(_status, parts)
-            tg.start_soon(_self_ping, parts)
             interval = watchdog_interval_s(os.environ)
+            tg.start_soon(_self_ping, parts, min(SELF_PING_S, interval or SELF_PING_S))
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
