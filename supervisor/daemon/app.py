@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,7 +23,7 @@ import anyio.abc
 import structlog
 
 from supervisor.core.jobs import FailureReason, Job, JobState
-from supervisor.daemon import logs, oom, runner
+from supervisor.daemon import logs, oom, reload, runner
 from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import AttemptRunner
 from supervisor.daemon.clock import iso_from_epoch
@@ -67,6 +68,9 @@ class Parts:
     hangs: HangWatcher
     server: Server
     telemetry: Telemetry = field(init=False)
+    api: Api = field(init=False)
+    hooks: Hooks = field(init=False)
+    load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again
 
 
 def _deadman_exit(state_dir: Path) -> Any:
@@ -189,7 +193,8 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         card_vram_mb=lambda: max((c.vram_total_mb for c in monitor.cards), default=0),
         simple=telemetry.handlers(),
     )
-    api_parts["api"] = api
+    api_parts["api"] = parts.api = api
+    parts.hooks = hooks
     server.admit = api.admit
     telemetry.may_see = api.may_act
     telemetry.may_see_uid = lambda peer, uid: peer.uid == uid or api.is_admin(peer.uid)
@@ -242,11 +247,14 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
 
 
 async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
-    """Signals become events: the first starts the drain, a second stops at once."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    """Signals become events: the first SIGTERM/SIGINT starts the drain, a second stops at
+    once; SIGHUP reloads the config."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as tg:
             async for signum in signals:
-                if not parts.sched.draining:
+                if signum == signal.SIGHUP:
+                    reload.apply(parts)
+                elif not parts.sched.draining:
                     log.info("signal: drain", signal=signal.Signals(signum).name)
                     tg.start_soon(_drain, parts, scope)
                 else:
@@ -358,7 +366,7 @@ def _pidfd_child_watcher() -> None:
     asyncio.set_child_watcher(watcher)
 
 
-async def run(cfg: Config) -> int:
+async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> int:
     _pidfd_child_watcher()
     if runner.become_subreaper():
         log.debug("child subreaper set")
@@ -366,6 +374,7 @@ async def run(cfg: Config) -> int:
     if warning:
         log.warning(warning)
     parts = await build(cfg)
+    parts.load_config = load_config
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(serve, parts)
@@ -398,14 +407,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
         and v is not None
     }
     try:
-        cfg = load(args.config, flags=flags, env=os.environ, uid=os.geteuid())
+        uid = os.geteuid()
+        cfg = load(args.config, flags=flags, env=os.environ, uid=uid)
         abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
         logs.configure(cfg.log_format, args.log_level)
     except (ConfigError, ValueError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        code = anyio.run(run, cfg)
+        code = anyio.run(run, cfg, lambda: load(args.config, flags=flags, env=os.environ, uid=uid))
     except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
