@@ -52,7 +52,10 @@ class Sampler:
             if not self.sched.running:
                 continue
             start = time.thread_time()
-            await self.pass_once()
+            try:
+                await self.pass_once()
+            except OSError as exc:  # out of descriptors (a flood): skip a pass, not the daemon
+                log.warning("sampler pass skipped", error=str(exc))
             self.cpu_s += time.thread_time() - start
 
     async def pass_once(self) -> None:
