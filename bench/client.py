@@ -14,9 +14,9 @@ from .harness import BIN, PY, BenchDaemon, summary, time_command
 
 
 def _import_ms(d: BenchDaemon) -> float:
-    """supervisor.cli's cumulative import time, as `python -X importtime` reports it."""
+    """supervisor.client.cli's cumulative import time, as `python -X importtime` reports it."""
     done = subprocess.run(
-        [PY, "-X", "importtime", "-c", "import supervisor.cli"],
+        [PY, "-X", "importtime", "-c", "import supervisor.client.cli"],
         env=d.env,
         capture_output=True,
         text=True,
@@ -69,7 +69,7 @@ def measure_client(d: BenchDaemon, runs: int) -> dict[str, Any]:
     }
     for label, prefix in (
         ("gpusv", [str(BIN / "gpusv")]),
-        ("module", [PY, "-m", "supervisor.cli"]),
+        ("module", [PY, "-m", "supervisor.client.cli"]),
     ):
         submit = [*prefix, "submit", "--gpus", "0", "--", "true"]
         out[f"{label}_submit"] = summary(time_command(submit, env, runs, cwd))

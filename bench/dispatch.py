@@ -22,13 +22,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from supervisor import admission
-from supervisor.clock import now_iso
-from supervisor.config import load
-from supervisor.jobs import Job, JobSpec, JobState, transition
-from supervisor.projection import mem_key
-from supervisor.scheduler import Running, Scheduler
-from supervisor.store import Store
+from supervisor.core import admission
+from supervisor.core.jobs import Job, JobSpec, JobState, transition
+from supervisor.core.projection import mem_key
+from supervisor.daemon.clock import now_iso
+from supervisor.daemon.config import load
+from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.store import Store
 
 from .harness import summary
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.cli import Client, Unreachable
+from supervisor.client.cli import Client, Unreachable
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
@@ -86,7 +86,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: fl
 
 
 class BenchDaemon:
-    """gpusvd as a subprocess: `python -m supervisor.daemon --simulate-gpus ...`."""
+    """gpusvd as a subprocess: `python -m supervisor.daemon.app --simulate-gpus ...`."""
 
     def __init__(self, root: Path, *, gpus: str = "2x24G", config: str = "") -> None:
         self.root = root
@@ -107,7 +107,7 @@ class BenchDaemon:
         return [
             PY,
             "-m",
-            "supervisor.daemon",
+            "supervisor.daemon.app",
             "--config",
             str(self.config),
             "--simulate-gpus",

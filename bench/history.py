@@ -11,10 +11,10 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.clock import now_iso
-from supervisor.jobs import Job, JobSpec, JobState, transition
-from supervisor.projection import mem_key
-from supervisor.store import Attempt, Event, Store
+from supervisor.core.jobs import Job, JobSpec, JobState, transition
+from supervisor.core.projection import mem_key
+from supervisor.daemon.clock import now_iso
+from supervisor.daemon.store import Attempt, Event, Store
 
 CHUNK = 10_000
 

@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from supervisor.clock import epoch_from_iso
+from supervisor.daemon.clock import epoch_from_iso
 
 from .harness import (
     BIN,

@@ -128,13 +128,13 @@ def rows(r: Results) -> list[tuple[str, str]]:
         ("gpusv_submit", "gpusv submit"),
         ("gpusv_submit_to_request", "gpusv submit: exec -> request sent"),
         ("gpusv_list", "gpusv list"),
-        ("module_submit", "python -m supervisor.cli submit"),
-        ("module_list", "python -m supervisor.cli list"),
+        ("module_submit", "python -m supervisor.client.cli submit"),
+        ("module_list", "python -m supervisor.client.cli list"),
     ):
         if key in c:
             out.append((label, _ms(c[key])))
     if "cli_import_ms" in c:
-        out.append(("import supervisor.cli", f"{c['cli_import_ms']} ms"))
+        out.append(("import supervisor.client.cli", f"{c['cli_import_ms']} ms"))
     lat = r.get("latency") or {}
     for key, label in (
         ("socket_submit_to_start_ms", "submit request -> job start"),

@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 
-from supervisor import logs
-from supervisor.memory import measure_sampler_cost
+from supervisor.daemon import logs
+from supervisor.daemon.memory import measure_sampler_cost
 
 from . import report
 from .client import measure_client

@@ -6,7 +6,7 @@ from typing import overload
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.admission import (
+from supervisor.core.admission import (
     Candidate,
     Card,
     Hold,
@@ -19,7 +19,7 @@ from supervisor.admission import (
     gb,
     plan,
 )
-from supervisor.projection import Projection
+from supervisor.core.projection import Projection
 
 GB = 1024
 CARD = 24 * GB

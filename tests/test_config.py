@@ -1,4 +1,4 @@
-"""Tests for supervisor.config: defaults, validation, sizes, precedence, the documented example."""
+"""Tests for the daemon config: defaults, validation, sizes, precedence, the documented example."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import config
-from supervisor.config import (
+from supervisor.daemon import config
+from supervisor.daemon.config import (
     Config,
     ConfigError,
     DeadmanConfig,
@@ -509,7 +509,7 @@ def test_default_state_dir() -> None:
 def test_import_is_cheap() -> None:
     """The CLI imports config: it must pull in no third-party package, nor tomllib."""
     code = (
-        "import sys, supervisor.config; "
+        "import sys, supervisor.daemon.config; "
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,14 +18,14 @@ import pytest
 import structlog
 from structlog.testing import CapturingLogger
 
-from supervisor.deadman import (
+from supervisor.daemon.deadman import (
     DEADLINE_ENV,
     DEADMAN_EXIT_CODE,
     Deadman,
     abort_deadline_s,
     wait_for_abort,
 )
-from supervisor.forensics import (
+from supervisor.daemon.forensics import (
     Forensics,
     WatchedAbort,
     describe_abort,
@@ -124,7 +124,7 @@ def test_bad_config_deadline_names_the_key() -> None:
 
 WEDGED_SCRIPT = """
 import threading, time
-from supervisor.deadman import Deadman
+from supervisor.daemon.deadman import Deadman
 deadman = Deadman(1.0)
 deadman.start()
 deadman.run_abort(threading.Event().wait, "job-17")   # blocks for ever
@@ -134,7 +134,7 @@ time.sleep(60)
 
 RETURNING_SCRIPT = """
 import time
-from supervisor.deadman import Deadman
+from supervisor.daemon.deadman import Deadman
 deadman = Deadman(0.5)
 deadman.start()
 future = deadman.run_abort(lambda: time.sleep(0.1) or "ok", "job-18")

@@ -10,13 +10,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import admission
-from supervisor.clock import monotonic
-from supervisor.config import load
-from supervisor.jobqueue import JobQueue, used_before
-from supervisor.jobs import Job, JobSpec, JobState
-from supervisor.scheduler import Running, Scheduler
-from supervisor.store import Attempt
+from supervisor.core import admission
+from supervisor.core.jobqueue import JobQueue, used_before
+from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.daemon.clock import monotonic
+from supervisor.daemon.config import load
+from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.store import Attempt
 
 HOST = admission.HostMemory(limit_mb=100_000, available_mb=90_000, reserve_mb=1_000)
 

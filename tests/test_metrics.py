@@ -7,8 +7,8 @@ import dataclasses
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.jobs import Job, JobSpec, JobState
-from supervisor.metrics import (
+from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.daemon.metrics import (
     MIB,
     CardSample,
     HostSample,

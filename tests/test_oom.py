@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import cgroups, oom
+from supervisor.daemon import cgroups, oom
 
 MB = 1024 * 1024
 
@@ -108,7 +108,7 @@ def test_preexec_hook_fails_the_spawn_when_it_cannot_set_the_value() -> None:
 
 def test_daemon_self_adjust_lowers_itself_or_says_what_is_lost() -> None:
     code = (
-        "import json; from supervisor import oom;"
+        "import json; from supervisor.daemon import oom;"
         "w = oom.daemon_self_adjust(); print(json.dumps([w, oom.read_value()]))"
     )
     before = oom.read_value()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.projection import MemObservation, Projection, mem_key, project
+from supervisor.core.projection import MemObservation, Projection, mem_key, project
 
 GB = 1024
 

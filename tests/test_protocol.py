@@ -1,4 +1,4 @@
-"""Tests for supervisor.protocol: framing, validation, and fuzzing of decode_request."""
+"""Tests for supervisor.wire.protocol: framing, validation, and fuzzing of decode_request."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor import protocol
-from supervisor.protocol import JobRef, ListJobs, ProtocolError, Simple, Submit
+from supervisor.wire import protocol
+from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Simple, Submit
 
 # What decode_request may answer; anything else (not_found, forbidden...) is the API's.
 DECODE_CODES = {protocol.BAD_JSON, protocol.BAD_REQUEST, protocol.UNKNOWN_TYPE, protocol.TOO_LARGE}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.top import duration_text, render, run, size_text
+from supervisor.client.top import duration_text, render, run, size_text
 
 
 def snapshot(**over: Any) -> dict[str, Any]:

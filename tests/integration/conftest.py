@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.cli import Client, Unreachable
+from supervisor.client.cli import Client, Unreachable
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ class Daemon:
         argv = [
             sys.executable,
             "-m",
-            "supervisor.daemon",
+            "supervisor.daemon.app",
             "--config",
             str(self.config),
             "--state-dir",
@@ -89,7 +89,7 @@ class Daemon:
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor.cli", "--socket", str(self.socket), *args],
+            [sys.executable, "-m", "supervisor.client.cli", "--socket", str(self.socket), *args],
             capture_output=True,
             text=True,
             input=input,

@@ -194,7 +194,7 @@ def test_dry_run_creates_nothing(daemon: Daemon) -> None:
 
 def test_cli_says_when_the_daemon_is_down(tmp_path: Path) -> None:
     result = subprocess.run(
-        [PY, "-m", "supervisor.cli", "--socket", str(tmp_path / "none.sock"), "list"],
+        [PY, "-m", "supervisor.client.cli", "--socket", str(tmp_path / "none.sock"), "list"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -24,10 +24,10 @@ import anyio
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.config import load
-from supervisor.jobs import JobSpec, JobState, transition
-from supervisor.scheduler import Scheduler
-from supervisor.store import Store
+from supervisor.core.jobs import JobSpec, JobState, transition
+from supervisor.daemon.config import load
+from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.store import Store
 
 from .conftest import Daemon
 
@@ -186,7 +186,16 @@ def test_top_draws_the_running_job_in_a_terminal_and_quits_on_q(daemon: Daemon) 
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     before = termios.tcgetattr(slave)
     proc = subprocess.Popen(
-        [PY, "-m", "supervisor.cli", "--socket", str(daemon.socket), "top", "--interval", "0.2"],
+        [
+            PY,
+            "-m",
+            "supervisor.client.cli",
+            "--socket",
+            str(daemon.socket),
+            "top",
+            "--interval",
+            "0.2",
+        ],
         stdin=slave,
         stdout=slave,
         stderr=slave,

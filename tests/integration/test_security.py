@@ -27,9 +27,9 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor import protocol
-from supervisor.cli import Refused
-from supervisor.views import PUBLIC_FIELDS
+from supervisor.client.cli import Refused
+from supervisor.daemon.views import PUBLIC_FIELDS
+from supervisor.wire import protocol
 
 from .conftest import Daemon
 
@@ -332,7 +332,7 @@ class Users:
         self, user: User, sock: Path, *args: str, **kw: Any
     ) -> subprocess.CompletedProcess[str]:
         return self.run(
-            user, self.python, "-m", "supervisor.cli", "--socket", str(sock), *args, **kw
+            user, self.python, "-m", "supervisor.client.cli", "--socket", str(sock), *args, **kw
         )
 
     def call(self, user: User, sock: Path, *requests: dict[str, Any]) -> list[dict[str, Any]]:
@@ -343,7 +343,7 @@ class Users:
         self, prefix: list[str], env: dict[str, str], sock: Path, *requests: dict[str, Any]
     ) -> list[dict[str, Any]]:
         script = (
-            "import json, sys; from supervisor.cli import Client, Refused\n"
+            "import json, sys; from supervisor.client.cli import Client, Refused\n"
             "c = Client(sys.argv[1]); out = []\n"
             "for r in json.loads(sys.argv[2]):\n"
             "    try: out.append(c.call(r))\n"
@@ -397,7 +397,7 @@ def _python_for(users: Users) -> str | None:
         "/usr/bin/python3",
         "/usr/local/bin/python3",
     ):
-        probe = "import sys, supervisor.daemon; sys.exit(sys.version_info < (3, 11))"
+        probe = "import sys, supervisor.daemon.app; sys.exit(sys.version_info < (3, 11))"
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             if users.run(users.member, candidate, "-c", probe).returncode == 0:
                 return candidate

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .framing import MAX_LINE as MAX_LINE  # re-exported: the framing is protocol too
-from .framing import VERSION as VERSION
-from .framing import encode as encode
+from supervisor.wire.framing import MAX_LINE as MAX_LINE  # re-exported: the framing is protocol too
+from supervisor.wire.framing import VERSION as VERSION
+from supervisor.wire.framing import encode as encode
 
 MAX_ARGV = 4096
 MAX_ARG_BYTES = 128 * 1024

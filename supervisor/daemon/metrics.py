@@ -32,9 +32,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .admission import HoldReason
-from .clock import epoch_from_iso
-from .jobs import FailureReason, Job, JobState
+from supervisor.core.admission import HoldReason
+from supervisor.core.jobs import FailureReason, Job, JobState
+from supervisor.daemon.clock import epoch_from_iso
 
 log = structlog.get_logger("gpusvd.metrics")
 

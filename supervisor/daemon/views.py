@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .jobs import Job
-from .projection import Projection
-from .store import Attempt
+from supervisor.core.jobs import Job
+from supervisor.core.projection import Projection
+from supervisor.daemon.store import Attempt
 
 # What anyone who may connect can see of someone else's job: what it holds and why it
 # waits, never its text (name, argv, cwd, labels may carry secrets; env is never shown).

@@ -12,17 +12,17 @@ import anyio
 import anyio.abc
 import structlog
 
-from . import oom
-from .faults.watchdog import ProgressTracker, check_progress
-from .jobs import FailureReason, Job
-from .memory import TreeSampler, read_meminfo
-from .runner import reap_orphans
+from supervisor.core.jobs import FailureReason, Job
+from supervisor.daemon import oom
+from supervisor.daemon.memory import TreeSampler, read_meminfo
+from supervisor.daemon.runner import reap_orphans
+from supervisor.faults.watchdog import ProgressTracker, check_progress
 
 if TYPE_CHECKING:
-    from .attempts import AttemptRunner
-    from .gpu_monitor import GpuMonitor
-    from .hangs import HangWatcher
-    from .scheduler import Running, Scheduler
+    from supervisor.daemon.attempts import AttemptRunner
+    from supervisor.daemon.gpu_monitor import GpuMonitor
+    from supervisor.daemon.hangs import HangWatcher
+    from supervisor.daemon.scheduler import Running, Scheduler
 
 log = structlog.get_logger("gpusvd.sampler")
 READ_LIMIT = 256 * 1024  # new output scanned for the progress regex, per pass

@@ -12,11 +12,11 @@ import dataclasses
 import anyio
 import structlog
 
-from .clock import now_iso
-from .jobs import FailureReason, JobState, transition
-from .runner import kill_leftover
-from .scheduler import Scheduler
-from .store import Event, Store
+from supervisor.core.jobs import FailureReason, JobState, transition
+from supervisor.daemon.clock import now_iso
+from supervisor.daemon.runner import kill_leftover
+from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.store import Event, Store
 
 log = structlog.get_logger("gpusvd.recovery")
 

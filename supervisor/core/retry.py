@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .jobs import FailureReason
+from supervisor.core.jobs import FailureReason
 
 Budget = Literal["ordinary", "gpu_hang"]
 

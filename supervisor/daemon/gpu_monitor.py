@@ -15,9 +15,9 @@ import anyio
 import anyio.abc
 import structlog
 
-from .admission import Card
-from .clock import monotonic
-from .gpus.base import GpuBackend, GpuInfo, GpuLost
+from supervisor.core.admission import Card
+from supervisor.daemon.clock import monotonic
+from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost
 
 log = structlog.get_logger("gpusvd.gpus")
 T = TypeVar("T")

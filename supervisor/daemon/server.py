@@ -23,8 +23,8 @@ import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import protocol
-from .protocol import ProtocolError, Request
+from supervisor.wire import protocol
+from supervisor.wire.protocol import ProtocolError, Request
 
 log = structlog.get_logger("gpusvd.server")
 

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from . import admission
-from .clock import epoch_from_iso
-from .jobs import Job, JobState
-from .metrics import CardSample, HostSample, Metrics, Snapshot
-from .server import Peer
+from supervisor.core import admission
+from supervisor.core.jobs import Job, JobState
+from supervisor.daemon.clock import epoch_from_iso
+from supervisor.daemon.metrics import CardSample, HostSample, Metrics, Snapshot
+from supervisor.daemon.server import Peer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from .daemon import Parts
-    from .store import Store
-    from .systemd import HealthBoard
+    from supervisor.daemon.app import Parts
+    from supervisor.daemon.store import Store
+    from supervisor.daemon.systemd import HealthBoard
 
 DEADMAN_RECENT_S = 600.0  # a deadman exit this recent keeps `health` failing
 TOP_HELD = 50  # held jobs listed by `top`

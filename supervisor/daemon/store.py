@@ -14,8 +14,8 @@ import aiosqlite
 import anyio
 import structlog
 
-from .jobs import Job, JobSpec
-from .store_schema import (
+from supervisor.core.jobs import Job, JobSpec
+from supervisor.daemon.store_schema import (
     ATTEMPT_COLUMNS,
     INSERT_EVENT,
     JOB_COLUMNS,

@@ -14,19 +14,19 @@ import anyio
 import anyio.abc
 import structlog
 
-from .cgroups import oom_kill_count, own_memory_cgroup
-from .clock import iso_from_epoch, now_iso
-from .config import Config
-from .faults.classifier import Classification, Classifier, FaultClass
-from .faults.sources import KernelLine, follow
-from .jobs import ExitStatus, FailureReason, Job, JobState
-from .memory import read_meminfo
-from .store import Attempt, Event
+from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobState
+from supervisor.daemon.cgroups import oom_kill_count, own_memory_cgroup
+from supervisor.daemon.clock import iso_from_epoch, now_iso
+from supervisor.daemon.config import Config
+from supervisor.daemon.memory import read_meminfo
+from supervisor.daemon.store import Attempt, Event
+from supervisor.faults.classifier import Classification, Classifier, FaultClass
+from supervisor.faults.sources import KernelLine, follow
 
 if TYPE_CHECKING:
-    from .attempts import AttemptRunner
-    from .gpu_monitor import GpuMonitor
-    from .scheduler import Running, Scheduler
+    from supervisor.daemon.attempts import AttemptRunner
+    from supervisor.daemon.gpu_monitor import GpuMonitor
+    from supervisor.daemon.scheduler import Running, Scheduler
 
 log = structlog.get_logger("gpusvd.hangs")
 KILLED_PROCESS = re.compile(r"Killed process (\d+)")

@@ -24,13 +24,13 @@ import anyio
 import anyio.abc
 import structlog
 
-from . import views
-from .config import HooksConfig
-from .jobs import FailureReason, Job, JobState
+from supervisor.core.jobs import FailureReason, Job, JobState
+from supervisor.daemon import views
+from supervisor.daemon.config import HooksConfig
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
-    from .store import Attempt
+    from supervisor.daemon.scheduler import Scheduler
+    from supervisor.daemon.store import Attempt
 
 log = structlog.get_logger("gpusvd.hooks")
 STDERR_KEPT = 4096  # bytes of a failing hook's stderr that go to the log

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .client import Client, Refused, Unreachable
-from .locations import resolve_socket
-from .sizes import ConfigError, parse_size_mb
+from supervisor.client.connection import Client, Refused, Unreachable
+from supervisor.wire.locations import resolve_socket
+from supervisor.wire.sizes import ConfigError, parse_size_mb
 
 EXIT_NO = 1
 EXIT_USAGE = 2
@@ -284,7 +284,7 @@ def cmd_metrics(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_top(client: Client, a: argparse.Namespace) -> int:
-    from .top import run  # the terminal code loads only for this command
+    from supervisor.client.top import run  # the terminal code loads only for this command
 
     return run(lambda: client.call({"type": "top"}), once=a.once, interval=a.interval)
 
@@ -359,14 +359,16 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> NoReturn:
     args_list = sys.argv[1:] if argv is None else argv
     if args_list[:1] == ["classify-kernel-log"]:  # local, no daemon: skip the socket set-up
-        from .faults.classify_cli import main as classify
+        from supervisor.faults.classify_cli import main as classify
 
         sys.exit(classify(args_list[1:]))
     a = parser().parse_args(args_list)
     try:
         cfg_socket = None
         if a.config is not None:
-            from .config import load  # only then: the full config costs start-up time
+            from supervisor.daemon.config import (
+                load,  # only then: the full config costs start-up time
+            )
 
             cfg_socket = str(load(a.config, uid=os.geteuid()).socket)
         path = resolve_socket(a.socket, os.environ, cfg_socket, os.geteuid())

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from . import admission
-from .clock import monotonic, now_iso
-from .config import Config
-from .jobqueue import DEVICE_HOLD, JobQueue, Key, kind_of, used_before
-from .jobs import FailureReason, Job, JobSpec, JobState, transition
-from .memory import read_meminfo
-from .projection import MemObservation, Projection, project
-from .store import Attempt, Event, Store
+from supervisor.core import admission
+from supervisor.core.jobqueue import DEVICE_HOLD, JobQueue, Key, kind_of, used_before
+from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState, transition
+from supervisor.core.projection import MemObservation, Projection, project
+from supervisor.daemon.clock import monotonic, now_iso
+from supervisor.daemon.config import Config
+from supervisor.daemon.memory import read_meminfo
+from supervisor.daemon.store import Attempt, Event, Store
 
 if TYPE_CHECKING:
-    from .faults.watchdog import ProgressTracker
-    from .runner import ProcessHandle
+    from supervisor.daemon.runner import ProcessHandle
+    from supervisor.faults.watchdog import ProgressTracker
 
 HISTORY = 50  # attempts per memory key kept in memory for projections
 

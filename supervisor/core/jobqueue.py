@@ -15,7 +15,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from .jobs import Job
+from supervisor.core.jobs import Job
 
 Key = tuple[int, int]  # (-priority, id): the queue's order
 KINDS = ("gpu", "cpu")

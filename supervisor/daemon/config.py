@@ -16,13 +16,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from .locations import SOCKET_ENV as SOCKET_ENV  # re-exported: part of the config's API
-from .locations import default_state_dir as default_state_dir
-from .locations import resolve_socket as resolve_socket
-from .sizes import ConfigError as ConfigError
-from .sizes import _fail
-from .sizes import parse_size as parse_size
-from .sizes import parse_size_mb as parse_size_mb
+from supervisor.wire.locations import (
+    SOCKET_ENV as SOCKET_ENV,  # re-exported: part of the config's API
+)
+from supervisor.wire.locations import default_state_dir as default_state_dir
+from supervisor.wire.locations import resolve_socket as resolve_socket
+from supervisor.wire.sizes import ConfigError as ConfigError
+from supervisor.wire.sizes import _fail
+from supervisor.wire.sizes import parse_size as parse_size
+from supervisor.wire.sizes import parse_size_mb as parse_size_mb
 
 _GPU_SPEC_RE = re.compile(r"(\d+)\s*[xX]\s*(\S+)")
 _MAX_SIMULATED_GPUS = 64

@@ -11,13 +11,14 @@ from typing import Any
 
 import anyio
 
-from . import protocol, views
-from .config import Config
-from .jobs import Job, JobSpec, JobState
-from .projection import mem_key
-from .protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
-from .scheduler import Scheduler
-from .server import Peer
+from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.core.projection import mem_key
+from supervisor.daemon import views
+from supervisor.daemon.config import Config
+from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.server import Peer
+from supervisor.wire import protocol
+from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
 
 LOG_CHUNK = 512 * 1024
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from supervisor.projection import Projection
+from supervisor.core.projection import Projection
 
 HoldReason = Literal["host_ram", "vram", "gpus", "cpu"]
 _WAITING_FOR = {

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from . import framing
+from supervisor.wire import framing
 
 
 class Refused(Exception):

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiosqlite
 
-from .jobs import FailureReason, Job, JobSpec, JobState
+from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 
 SCHEMA_VERSION = 1
 

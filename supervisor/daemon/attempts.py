@@ -18,14 +18,15 @@ from typing import Any
 import anyio
 import structlog
 
-from . import oom, retry
-from .clock import now_iso
-from .gpus import apply_visibility
-from .jobs import ExitStatus, FailureReason, Job, JobState, classify_exit, transition
-from .projection import MemObservation
-from .runner import LaunchSpec, ProcessTable, SpawnError, spawn
-from .scheduler import Running, Scheduler
-from .store import Event
+from supervisor.core import retry
+from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobState, classify_exit, transition
+from supervisor.core.projection import MemObservation
+from supervisor.daemon import oom
+from supervisor.daemon.clock import now_iso
+from supervisor.daemon.runner import LaunchSpec, ProcessTable, SpawnError, spawn
+from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.store import Event
+from supervisor.gpus import apply_visibility
 
 log = structlog.get_logger("gpusvd.attempts")
 

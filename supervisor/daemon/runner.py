@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import psutil
 
-from .jobs import ExitStatus
+from supervisor.core.jobs import ExitStatus
 
 PR_SET_CHILD_SUBREAPER = 36
 

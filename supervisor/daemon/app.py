@@ -21,24 +21,23 @@ import anyio
 import anyio.abc
 import structlog
 
-from . import logs, oom, runner
-from .api import Api
-from .attempts import AttemptRunner
-from .clock import iso_from_epoch
-from .config import Config, ConfigError, load
-from .deadman import Deadman, abort_deadline_s
-from .forensics import Forensics
-from .gpu_monitor import GpuMonitor
-from .gpus import open_backend
-from .hangs import HangWatcher
-from .hooks import Hooks
-from .jobs import FailureReason, Job, JobState
-from .recovery import reconcile
-from .sampling import Sampler
-from .scheduler import Running, Scheduler
-from .server import Server, StartupError, preflight
-from .store import Store
-from .systemd import (
+from supervisor.core.jobs import FailureReason, Job, JobState
+from supervisor.daemon import logs, oom, runner
+from supervisor.daemon.api import Api
+from supervisor.daemon.attempts import AttemptRunner
+from supervisor.daemon.clock import iso_from_epoch
+from supervisor.daemon.config import Config, ConfigError, load
+from supervisor.daemon.deadman import Deadman, abort_deadline_s
+from supervisor.daemon.forensics import Forensics
+from supervisor.daemon.gpu_monitor import GpuMonitor
+from supervisor.daemon.hangs import HangWatcher
+from supervisor.daemon.hooks import Hooks
+from supervisor.daemon.recovery import reconcile
+from supervisor.daemon.sampling import Sampler
+from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.server import Server, StartupError, preflight
+from supervisor.daemon.store import Store
+from supervisor.daemon.systemd import (
     HealthBoard,
     Notifier,
     StallDetector,
@@ -46,7 +45,8 @@ from .systemd import (
     watchdog_interval_s,
     watchdog_task,
 )
-from .telemetry import Telemetry
+from supervisor.daemon.telemetry import Telemetry
+from supervisor.gpus import open_backend
 
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
