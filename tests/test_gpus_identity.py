@@ -10,7 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from supervisor.admission import Candidate, Card, HostMemory, plan
+from supervisor.core.admission import Candidate, Card, HostMemory, plan
 from supervisor.gpus import GpuError, GpuLost
 from supervisor.gpus.allocation import AllocatedBackend, allocation_from, granted
 from supervisor.gpus.amd import AmdBackend

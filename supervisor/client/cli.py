@@ -93,6 +93,7 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
         "gpu_hang_retries": a.gpu_hang_retries,
         "progress_timeout_s": a.progress_timeout,
         "progress_regex": a.progress_regex,
+        "stall_timeout_s": a.stall_timeout,
         "priority": a.priority,
         "after": [int(x) for x in a.after.split(",") if x] if a.after else None,
         "dry_run": a.dry_run,
@@ -305,6 +306,7 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--gpu-hang-retries", dest="gpu_hang_retries", type=int)
     p.add_argument("--progress-timeout", dest="progress_timeout", type=float)
     p.add_argument("--progress-regex", dest="progress_regex")
+    p.add_argument("--stall-timeout", dest="stall_timeout", type=float)
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--after")
     p.add_argument("--dry-run", dest="dry_run", action="store_true")

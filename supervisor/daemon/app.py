@@ -46,7 +46,8 @@ from supervisor.daemon.systemd import (
     watchdog_task,
 )
 from supervisor.daemon.telemetry import Telemetry
-from supervisor.gpus import open_backend
+from supervisor.gpus import GpuError, open_backend
+from supervisor.gpus.release import release_backend
 
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
@@ -116,7 +117,9 @@ async def build(cfg: Config) -> Parts:
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
     await _record_previous_exit(store, state)
-    backend, warnings = open_backend(cfg.simulate_gpus, state)
+    backend, warnings = open_backend(
+        cfg.simulate_gpus, state, probe_deadline_s=cfg.gpus.probe_deadline_s, env=os.environ
+    )
     for warning in warnings:
         log.warning(warning)
     forensics = Forensics()
@@ -132,7 +135,11 @@ async def build(cfg: Config) -> Parts:
         on_change=lambda: _cards_changed(sched, monitor),
         beat=lambda: board.beat("gpu-monitor", time.monotonic()),
     )
-    await monitor.discover()
+    monitor.visible_by = cfg.gpus.visible_devices
+    try:
+        await monitor.discover()
+    except GpuError as exc:  # e.g. a CUDA_VISIBLE_DEVICES naming no card of this host
+        raise StartupError(str(exc)) from None
     sched.cards = monitor.admission_cards()
     hangs = HangWatcher(sched, monitor, cfg)
     hooks = Hooks(cfg.hooks, sched)
@@ -360,6 +367,7 @@ async def run(cfg: Config) -> int:
         parts.deadman.stop()
         with anyio.CancelScope(shield=True):
             await parts.store.close()
+            await release_backend(parts.monitor.backend)
     log.info("stopped")
     return 0
 

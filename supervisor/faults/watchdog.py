@@ -70,6 +70,39 @@ def check_progress(
     return "hung" if idle_throughout else "ok"
 
 
+def watchdog_evidence(
+    state: ProgressState,
+    ruling: Verdict,
+    now: float,
+    timeout_s: float | None,
+    stall_timeout_s: float | None,
+) -> dict[str, object]:
+    """What the watchdog saw, for the attempt's evidence: which rule fired and on what."""
+    rule = (
+        f"no progress for {stall_timeout_s:g} s at any utilization (stall_timeout_s)"
+        if ruling == "stalled"
+        else f"no progress for {timeout_s:g} s while GPU and CPU sat idle (progress_timeout_s)"
+    )
+    return {
+        "source": "watchdog",
+        "rule": rule,
+        "silent_s": round(now - state.last_progress_at, 1),
+        "max_utilization_pct": state.max_util_seen,
+        "utilization_unknown": state.util_unknown,
+        "max_cpu_percent": state.max_cpu_pct,
+    }
+
+
+def job_utilization(readings: list[float | None]) -> float | None:
+    """The utilization the watchdog judges a job by: its busiest card, or None (unknown)
+    when no card is busy and one of them could not be read."""
+    known = [r for r in readings if r is not None]
+    top = max(known, default=0.0)
+    if top > LOW_UTIL_PCT or len(known) == len(readings):
+        return top
+    return None
+
+
 class ProgressTracker:
     """Progress of one running job.
 

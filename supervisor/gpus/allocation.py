@@ -117,3 +117,14 @@ class AllocatedBackend:
         if not 0 <= index < len(mapped):
             raise GpuError(f"no GPU {index} (there are {len(mapped)})")
         return mapped[index]
+
+
+def describe_allocation(backend: object) -> str | None:
+    """ "CUDA_VISIBLE_DEVICES=1 in gpusvd's environment: 1 of 3 cards managed", or None."""
+    if not isinstance(backend, AllocatedBackend):
+        return None
+    managed = backend.card_count()
+    return (
+        f"{backend.describe()} in gpusvd's environment: "
+        f"{managed} of {backend.host_count} cards managed"
+    )

@@ -127,9 +127,10 @@ def bus_id_key(bus_id: str) -> tuple[int, int, int, int]:
 
 def dcgm_bus_id(bus_id: str) -> str:
     """The bus id as NVML and dcgm-exporter label it: an 8-digit domain, upper-case hex."""
-    if bus_id == UNKNOWN_BUS_ID:
-        return ""
-    domain, rest = bus_id.split(":", 1)
+    try:
+        domain, rest = normalize_bus_id(bus_id).split(":", 1)
+    except ValueError:
+        return bus_id  # "" (unknown) or a spelling we cannot read: as it is
     return f"{int(domain, 16):08X}:{rest.upper()}"
 
 
