@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from supervisor.client.cards import allocation_notes, health_text, util_text
 from supervisor.client.connection import Client, Refused, Unreachable
 from supervisor.wire.locations import resolve_socket
 from supervisor.wire.sizes import ConfigError, parse_size_mb
@@ -233,17 +234,19 @@ def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
     rows = [
         [
             str(g["index"]),
-            g["pci_bus_id"],
+            g["pci_bus_id"] or "?",
             g["name"],
-            f"{g['utilization_pct']:.0f}%",
+            util_text(g.get("utilization_pct")),
             f"{g['vram_used_mb']}/{g['vram_total_mb']} MiB",
-            g["health"],
+            health_text(g),
             ",".join(map(str, g["running_jobs"])) or "-",
             str(g["gpu_hangs"]),
         ]
         for g in gpus
     ]
     _table(rows, ["GPU", "BUS ID", "NAME", "UTIL", "VRAM", "HEALTH", "JOBS", "HANGS"])
+    for note in allocation_notes(gpus):
+        print(note)
     return 0
 
 
