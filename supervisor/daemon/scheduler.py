@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from supervisor.faults.watchdog import ProgressTracker
 
 HISTORY = 50  # attempts per memory key kept in memory for projections
+STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 
 
 @dataclass
@@ -209,6 +210,8 @@ class Scheduler:
         """One admission pass; returns seconds until the next backoff expires, if any."""
         if self.draining or self.launch is None or not self.queue:
             return None
+        if self.store.problem is not None:  # nothing starts that could not be recorded
+            return STORAGE_RECHECK_S
         import time
 
         now_wall, now, cards = time.time(), monotonic(), self.cards_now()

@@ -133,6 +133,8 @@ class Telemetry:
     async def problems(self) -> list[str]:
         parts = self.parts
         problems = card_problems(parts.monitor.cards, parts.monitor.lost_why)
+        if parts.store.problem is not None:
+            problems.append(f"{parts.store.problem}; no job starts until it can")
         if parts.sched.draining:
             problems.append("gpusvd is draining (stopping)")
         stale = parts.board.stale(time.monotonic())
@@ -198,6 +200,8 @@ class Telemetry:
             deadman_fires=len(await store.daemon_events("deadman")),
             problems=len(await self.problems()),
             draining=sched.draining,
+            storage_ok=store.problem is None,
+            storage_failures=store.failures,
         )
 
     async def prometheus(self, _peer: Peer) -> dict[str, Any]:
