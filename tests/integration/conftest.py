@@ -135,6 +135,16 @@ class Daemon:
             f"job {job_id} in {states}",
         )
 
+    def wait_pid(self, job_id: int, timeout: float = 20.0) -> int:
+        """The running attempt's leader pid, once recorded (it is written after `running`)."""
+
+        def pid() -> int | None:
+            job = self.show(job_id)
+            attempts = job["attempts"]
+            return attempts[-1]["pid"] if job["state"] == "running" and attempts else None
+
+        return int(self.wait_for(pid, timeout, f"job {job_id} running with its pid recorded"))
+
     def wait_done(self, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
         return self.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=timeout)
 
