@@ -47,6 +47,7 @@ from supervisor.daemon.systemd import (
 )
 from supervisor.daemon.telemetry import Telemetry
 from supervisor.gpus import GpuError, open_backend
+from supervisor.gpus.nvml_events import nvml_xid_sources
 from supervisor.gpus.release import release_backend
 
 log = structlog.get_logger("gpusvd")
@@ -152,6 +153,7 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         raise StartupError(str(exc)) from None
     sched.cards = monitor.admission_cards()
     hangs = HangWatcher(sched, monitor, cfg)
+    hangs.more_sources = lambda: nvml_xid_sources(monitor.backend)
     hooks = Hooks(cfg.hooks, sched)
     sched.observers.append(hooks.on_change)
     hangs.reclassified = hooks.after_attempt
@@ -170,6 +172,7 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         on_end=lambda job, r: _on_end(hangs, hooks, job, r),
     )
     hangs.attempts = attempts
+    attempts.uuids_of = monitor.uuids_of
     sched.beat = lambda: board.beat("scheduler", time.monotonic())
     hangs.beat = lambda: board.beat("kernel-log", time.monotonic())
     sched.launch = attempts.launch

@@ -87,6 +87,9 @@ class GpuMonitor:
         cards = [self.cards[i] for i in indices]
         return identify(self.backend.visibility_env(cards), cards, self.visible_by)
 
+    def uuids_of(self, indices: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(self.cards[i].uuid for i in indices)
+
     def mark_lost(self, index: int, why: str, quarantine_s: float = 0.0) -> None:
         """A card the kernel says fell off the bus stays out for `quarantine_s` even if the
         backend still answers: the answer may be stale, and a job would fail on it again."""

@@ -82,6 +82,10 @@ class AllocatedBackend:
         self._map: list[int] | None = None
         self.host_count = 0
 
+    @property
+    def inner(self) -> GpuBackend:
+        return self._inner
+
     def describe(self) -> str:
         return " ".join(a.describe() for a in self.allocations)
 

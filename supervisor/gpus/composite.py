@@ -32,6 +32,10 @@ class CompositeBackend:
         self._routes: list[_Route] | None = None
         self._vendors: frozenset[Vendor] = frozenset()
 
+    @property
+    def backends(self) -> list[GpuBackend]:
+        return list(self._backends)
+
     def card_count(self) -> int:
         return sum(b.card_count() for b in self._backends)
 

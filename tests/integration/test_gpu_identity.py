@@ -27,7 +27,9 @@ def test_gpus_json_carries_uuids_and_jobs_get_them(make_daemon: Callable[..., Da
     cards = d.call({"type": "gpus"})["gpus"]
     assert [c["uuid"] for c in cards] == [simulated_uuid(0), simulated_uuid(1)]
     assert all(c["allocation"] is None and c["mig"] is False for c in cards)
-    env = job_env(d, d.submit("python3", "-c", ENV_DUMP, gpus=1))
+    job = d.submit("python3", "-c", ENV_DUMP, gpus=1)
+    env = job_env(d, job)
+    assert d.show(job)["attempts"][0]["gpu_uuids"] == [simulated_uuid(0)]
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["GPUSV_GPU_UUIDS"] == simulated_uuid(0)
