@@ -73,7 +73,7 @@ _HANG = _any(
     r"cp might be in an unrecoverable state",
     r"Resetting wave fronts",
     r"failed to (?:write|read) reg",
-    r"wait for kiq fence",
+    r"wait(?:ing)? for kiq fence",
     r"Failed to detect and reset",
     r"suspend of IP block <[^>]*> failed",
     r"SMU: I'm not done with your previous command|SMU: response:0x",

@@ -141,7 +141,8 @@ def _find_bus_id(message: str) -> str | None:
 
 _NVRM = re.compile(r"\bNVRM\b")
 _AMD = re.compile(r"amdgpu|\bkfd\b|\bradeon\b|\[(?:gfx|mm)hub\d*\]|UTCL2|VRAM is lost", re.I)
-_NVIDIA = re.compile(r"nvidia", re.I)
+# GSP firmware reports that the driver prints without its NVRM prefix.
+_NVIDIA = re.compile(r"nvidia|\bGSP task (?:watchdog|panic|exception)|GSP-CrashCat", re.I)
 # Plain "[drm]" lines that only the AMD driver prints.
 _AMD_DRM = re.compile(
     r"^\[drm\].*(?:\b(?:PSP|SMU|VCN|UVD|VCE|SDMA|KIQ|MES|DMUB|DCN|GART|IBs|JPEG|PTB)\b"

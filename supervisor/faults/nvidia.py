@@ -281,6 +281,7 @@ _LOST = re.compile(
             # The follow-ons of a failed boot (RmInitAdapter): the FSP/GSP never came up.
             r"kfspSendBootCommands|FSP command queue|kfspPollForQueueEmpty",
             r"Cannot initialize GSP|GSP (?:firmware )?(?:init|boot)\w* failed",
+            r"API_GPU_ATTACHED_SANITY_CHECK failed",  # follows Xid 79: nothing is attached
         )
     ),
     re.I | re.M,
@@ -305,6 +306,9 @@ _HANG = re.compile(
             # A membar that never completes: the memory subsystem is stuck.
             r"kbusSendSysmembar\w*: .*timeout|Memory Subsystem Error",
             r"checking for memory subsystem error",
+            # The diagnostics RM prints around a GSP timeout: falcon core dumps, RM's own
+            # thread timeouts.
+            r"kflcnCoreDump|_threadNodeCheckTimeout",
         )
     ),
     re.I,
