@@ -351,7 +351,7 @@ REQUIRED = {
         "RestartSec": "5",
         "TimeoutStartSec": "90",
         "TimeoutStopSec": "120",
-        "KillMode": "mixed",
+        "KillMode": "process",
         "OOMScoreAdjust": "-900",
         "OOMPolicy": "continue",
         "ManagedOOMPreference": "avoid",

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from supervisor.keeper.cgroup import parse_oom_kill
+
 SYS_FS_CGROUP = Path("/sys/fs/cgroup")
+DAEMON_LEAF = "daemon"  # the daemon's own leaf under a delegated cgroup
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 
 
@@ -69,15 +72,6 @@ def own_memory_cgroup(
         return None
     path = hierarchy.root / rel.lstrip("/")
     return path if path.is_dir() else None
-
-
-def parse_oom_kill(text: str) -> int | None:
-    """The `oom_kill N` count of a v2 memory.events or a v1 memory.oom_control text."""
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return None
 
 
 def oom_kill_count(cgroup: Path) -> int | None:
@@ -133,7 +127,7 @@ def enable_memory_controller(cgroup: Path) -> None:
         _write(control, "+memory")
 
 
-def move_self_to_leaf(cgroup: Path, leaf: str = "daemon") -> Path:
+def move_self_to_leaf(cgroup: Path, leaf: str = DAEMON_LEAF) -> Path:
     """v2: move every process of `cgroup` into `cgroup/leaf`, freeing `cgroup` for children."""
     target = cgroup / leaf
     target.mkdir(exist_ok=True)
@@ -226,3 +220,55 @@ def _write(path: Path, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def unified_mount(sys_fs_cgroup: Path = SYS_FS_CGROUP) -> Path | None:
+    """Where cgroup2 is mounted: /sys/fs/cgroup (unified layout), or unified/ (hybrid)."""
+    for path in (sys_fs_cgroup, sys_fs_cgroup / "unified"):
+        if (path / "cgroup.procs").exists() and (path / "cgroup.controllers").exists():
+            return path
+    return None
+
+
+def keeper_roots(
+    tag: str, sys_fs_cgroup: Path = SYS_FS_CGROUP, proc_cgroup: Path = PROC_SELF_CGROUP
+) -> tuple[Path | None, Path | None]:
+    """Where the keepers of this daemon make job cgroups: `tag` beside the daemon's own
+    cgroup (its parent when the daemon sits in its `daemon` leaf), on the unified
+    hierarchy and on the v1 memory controller where v1 holds it. None where the daemon
+    may not write (no root, no Delegate=yes): the keepers then fall back to the tree."""
+    text = _read(proc_cgroup)
+    found: list[Path | None] = []
+    for version, mount in ((2, unified_mount(sys_fs_cgroup)), (1, sys_fs_cgroup / "memory")):
+        rel = parse_proc_cgroup(text, version)  # type: ignore[arg-type]
+        usable = mount is not None and (version == 2 or (mount / "memory.limit_in_bytes").exists())
+        if not usable or rel is None or mount is None:
+            found.append(None)
+            continue
+        base = mount / rel.lstrip("/")
+        if base.name == DAEMON_LEAF:
+            base = base.parent
+        found.append(base / tag if os.access(base, os.W_OK) else None)
+    return found[0], found[1]
+
+
+def settle_delegated(
+    sys_fs_cgroup: Path = SYS_FS_CGROUP, proc_cgroup: Path = PROC_SELF_CGROUP
+) -> Path | None:
+    """Under systemd's Delegate=yes: move the daemon (and any keeper beside it) into the
+    `daemon` leaf and let the children of the unit's cgroup have the memory controller,
+    so that job cgroups made beside the leaf get memory.peak and memory.events. Returns
+    the unit's cgroup; None where the daemon was given none (the root, or not ours)."""
+    mount = unified_mount(sys_fs_cgroup)
+    rel = parse_proc_cgroup(_read(proc_cgroup), 2)
+    if mount is None or rel is None or rel.strip("/") == "":
+        return None
+    base = mount / rel.lstrip("/")
+    if base.name == DAEMON_LEAF:
+        base = base.parent
+    if not os.access(base / "cgroup.procs", os.W_OK):
+        return None
+    move_self_to_leaf(base, DAEMON_LEAF)
+    with contextlib.suppress(OSError):  # a controller the unit was not given: no memory files
+        enable_memory_controller(base)
+    return base

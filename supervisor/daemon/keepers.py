@@ -10,6 +10,7 @@ swap one for the other; the processes are the keeper's children, never ours.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -31,6 +32,20 @@ from supervisor.keeper.journal import Key, Record, record_from
 log = structlog.get_logger("gpusvd.keepers")
 
 MAX_LINE = 64 * 1024 * 1024  # `list` of a keeper with many unacknowledged records
+
+
+def keeper_name(cards: tuple[int, ...]) -> str:
+    """One keeper per card (a job on several cards goes to its first), one for CPU slots:
+    a keeper that dies costs one card's jobs, and one card's spawns never wait on
+    another's."""
+    return f"gpu{cards[0]}" if cards else "cpu"
+
+
+def cgroup_tag(state_dir: Path) -> str:
+    """The directory that holds this daemon's job cgroups: stable across restarts, and
+    distinct for two daemons on one host (their state dirs differ)."""
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    return f"gpusv-{digest}"
 
 
 class KeeperGone(Exception):
@@ -305,6 +320,19 @@ class Keepers:
     def adopt(self, keeper: Keeper, record: Record) -> KeptProcess:
         """A record from `ensure` (a job started by an earlier gpusvd) as a process."""
         return KeptProcess(keeper, record)
+
+    async def ensure_all(self) -> dict[Key, KeptProcess]:
+        """Every keeper that has a directory here, started if it died, attached: every
+        record they hold, as processes. Called before anything is dispatched."""
+        found: dict[Key, KeptProcess] = {}
+        names = (
+            sorted(p.name for p in self.root.glob("*") if p.is_dir()) if self.root.exists() else []
+        )
+        for name in names:
+            keeper, records = await self.ensure(name)
+            for record in records:
+                found[record.key] = KeptProcess(keeper, record)
+        return found
 
     async def shutdown_idle(self) -> None:
         """Let every keeper that keeps nothing exit (after a drain)."""

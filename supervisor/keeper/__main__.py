@@ -46,6 +46,19 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
+def _offer_memory(root: Path) -> None:
+    """v2: where the parent offers the memory controller, hand it down to the job
+    cgroups (memory.peak, memory.events, memory.max, memory.oom.group)."""
+    for path in (root.parent, root):
+        try:
+            offered = (path / "cgroup.controllers").read_text().split()
+            if "memory" in offered:
+                (path / "cgroup.subtree_control").write_text("+memory")
+        except OSError as exc:
+            log_line(f"cannot give job cgroups the memory controller at {path}: {exc}")
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m supervisor.keeper")
     parser.add_argument("dir", type=Path)
@@ -66,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 root.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 log_line(f"cannot make cgroup root {root}: {exc.strerror}")
+    if args.cgroup2 is not None:
+        _offer_memory(args.cgroup2)
     roots = Roots(args.cgroup2, args.memcg)
     if not become_subreaper():
         log_line("cannot become a child subreaper: orphans of jobs go to init")

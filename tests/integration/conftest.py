@@ -196,7 +196,32 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if d.proc is not None and d.proc.poll() is None:
             d.proc.send_signal(signal.SIGKILL)
             d.proc.wait()
+        _kill_keepers(d)
         _kill_jobs(d)
+
+
+def _kill_keepers(d: Daemon) -> None:
+    """Keepers outlive their daemon by design: a test's die with it, and their jobs'
+    cgroups go."""
+    from supervisor.daemon.cgroups import keeper_roots
+    from supervisor.daemon.keepers import cgroup_tag
+    from supervisor.keeper import cgroup
+    from supervisor.keeper.client import pid_of
+
+    homes = sorted((d.state / "keepers").glob("*")) if (d.state / "keepers").exists() else []
+    for home in homes:
+        pid = pid_of(home)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+    for root in keeper_roots(cgroup_tag(d.state)):
+        if root is None or not root.exists():
+            continue
+        for group in root.glob("*/job-*"):
+            cgroup.empty_out(group)
+            group.rmdir()
+        for sub in root.glob("*"):
+            sub.rmdir()
+        root.rmdir()
 
 
 def _kill_jobs(d: Daemon) -> None:

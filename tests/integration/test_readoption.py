@@ -1,0 +1,75 @@
+"""gpusvd dies; the jobs do not. A new gpusvd takes them back from their keepers: same
+pids, same attempt, and an exit that happened while no daemon ran with its true status."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+from .conftest import Daemon
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_kill_9_keeps_jobs_and_a_new_daemon_takes_them_back(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="2x8G", config="cpu_slots = 1\n")
+    fifos = {name: d.root / f"{name}.fifo" for name in ("card0", "card1", "cpu", "three")}
+    for fifo in fifos.values():
+        os.mkfifo(fifo)
+    script = "read code < {}; exit $code"
+    jobs = {
+        "card0": d.submit("sh", "-c", script.format(fifos["card0"]), gpus=1),
+        "card1": d.submit("sh", "-c", script.format(fifos["card1"]), gpus=1),
+        "cpu": d.submit("sh", "-c", script.format(fifos["cpu"]), gpus=0),
+    }
+    pids = {name: d.wait_pid(job) for name, job in jobs.items()}
+    cards = {tuple(d.show(jobs[n])["gpus"]) for n in ("card0", "card1")}
+    assert cards == {(0,), (1,)}
+    d.kill9()
+    assert all(_alive(pid) for pid in pids.values())  # the keepers still hold them
+    fifos["cpu"].write_text("0\n")  # ends while no daemon runs
+    d.wait_for(lambda: not _alive(pids["cpu"]), what="the CPU job's exit")
+    d.start()
+    for name in ("card0", "card1"):
+        shown = d.wait_state(jobs[name], "running")
+        assert [a["pid"] for a in shown["attempts"]] == [pids[name]]
+        assert shown["attempts"][0]["n"] == 1 and shown["attempts"][0]["ended_at"] is None
+    cpu = d.wait_done(jobs["cpu"])
+    assert cpu["state"] == "succeeded" and len(cpu["attempts"]) == 1
+    for name in ("card0", "card1"):
+        fifos[name].write_text("0\n")
+        done = d.wait_done(jobs[name])
+        assert done["state"] == "succeeded"
+        assert [a["n"] for a in done["attempts"]] == [1]
+
+
+def test_an_exit_while_no_daemon_runs_is_recorded_with_its_status(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="2x8G")
+    fifo = d.root / "three.fifo"
+    os.mkfifo(fifo)
+    job = d.submit("sh", "-c", f"read code < {fifo}; exit $code", retries=0)
+    pid = d.wait_pid(job)
+    d.kill9()
+    fifo.write_text("3\n")
+    d.wait_for(lambda: not _alive(pid), what="the job's exit")
+    d.start()
+    done = d.wait_done(job)
+    assert done["state"] == "failed" and done["exit_code"] == 3
+    assert [a["reason"] for a in done["attempts"]] == ["exit_nonzero"]
