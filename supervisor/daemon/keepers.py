@@ -263,8 +263,11 @@ class Keepers:
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         assert self._tg is not None
-        for keeper in self.keepers.values():
-            await keeper.stream.aclose()
+        self._tg.cancel_scope.cancel()  # the readers; the keepers themselves live on
+        with anyio.CancelScope(shield=True):
+            for keeper in self.keepers.values():
+                with contextlib.suppress(OSError, anyio.BrokenResourceError):
+                    await keeper.stream.aclose()
         return await self._tg.__aexit__(*exc)
 
     def home(self, name: str) -> Path:

@@ -216,11 +216,11 @@ def _kill_keepers(d: Daemon) -> None:
     for root in keeper_roots(cgroup_tag(d.state)):
         if root is None or not root.exists():
             continue
-        for group in root.glob("*/job-*"):
-            cgroup.empty_out(group)
-            group.rmdir()
-        for sub in root.glob("*"):
-            sub.rmdir()
+        for keeper_root in (path for path in root.glob("keeper-*") if path.is_dir()):
+            for group in (path for path in keeper_root.glob("job-*") if path.is_dir()):
+                cgroup.empty_out(group)
+                group.rmdir()
+            keeper_root.rmdir()
         root.rmdir()
 
 

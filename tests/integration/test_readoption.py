@@ -4,9 +4,12 @@ pids, same attempt, and an exit that happened while no daemon ran with its true 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 
 import pytest
+
+from supervisor.keeper.client import pid_of
 
 from .conftest import Daemon
 
@@ -73,3 +76,21 @@ def test_an_exit_while_no_daemon_runs_is_recorded_with_its_status(
     done = d.wait_done(job)
     assert done["state"] == "failed" and done["exit_code"] == 3
     assert [a["reason"] for a in done["attempts"]] == ["exit_nonzero"]
+
+
+def test_a_keeper_that_dies_costs_its_jobs_an_uncharged_attempt(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="2x8G")
+    job = d.submit("sleep", "300")
+    pid = d.wait_pid(job)
+    (card,) = d.show(job)["gpus"]
+    keeper = pid_of(d.state / "keepers" / f"gpu{card}")
+    assert keeper is not None
+    os.kill(keeper, signal.SIGKILL)
+    d.wait_for(lambda: not _alive(pid), what="the job killed: its keeper is gone")
+    again = d.wait_for(lambda: len((j := d.show(job))["attempts"]) == 2 and j, what="a retry")
+    assert again["attempts"][0]["reason"] == "interrupted"
+    assert again["retries"]["ordinary"]["used"] == 0
+    d.cli("cancel", str(job))
+    assert d.wait_done(job)["state"] == "cancelled"
