@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,20 +22,26 @@ import anyio
 import anyio.abc
 import structlog
 
-from supervisor.core.jobs import FailureReason, Job, JobState
+from supervisor.core.commands import Changed, Stop
+from supervisor.core.jobs import FailureReason, JobState
 from supervisor.daemon import logs, oom, runner
+from supervisor.daemon.access import Access
 from supervisor.daemon.api import Api
-from supervisor.daemon.attempts import AttemptRunner
+from supervisor.daemon.attempts import Runner
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import iso_from_epoch
 from supervisor.daemon.config import Config, ConfigError, load
 from supervisor.daemon.deadman import Deadman, abort_deadline_s
+from supervisor.daemon.engine import Engine
 from supervisor.daemon.forensics import Forensics
 from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
+from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
-from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.server import Server, StartupError, preflight
 from supervisor.daemon.store import Store
 from supervisor.daemon.systemd import (
@@ -53,19 +60,33 @@ EXIT_MARKER = "last-exit.json"
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
 
 
+class Phase(Enum):
+    """Where the daemon is in its life; shutdown runs start-up backwards."""
+
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
 @dataclass
 class Parts:
     cfg: Config
     store: Store
-    sched: Scheduler
+    broker: Broker
+    engine: Engine
+    book: MemoryBook
     monitor: GpuMonitor
-    attempts: AttemptRunner
+    dispatcher: Dispatcher
+    hangs: HangWatcher
+    runner: Runner
+    hooks: Hooks
     deadman: Deadman
     notifier: Notifier
     board: HealthBoard
-    hangs: HangWatcher
+    telemetry: Telemetry
     server: Server
-    telemetry: Telemetry = field(init=False)
+    phase: Phase = Phase.STARTING
 
 
 def _deadman_exit(state_dir: Path) -> Any:
@@ -107,6 +128,7 @@ def _lock_state_dir(state: Path) -> int:
 
 
 async def build(cfg: Config) -> Parts:
+    """Every part, constructed in dependency order; none is changed after construction."""
     # Refuse before touching the state: a second daemon must not reconcile the first's jobs.
     preflight(cfg.socket, cfg.socket_group)
     state = cfg.state_dir
@@ -123,108 +145,115 @@ async def build(cfg: Config) -> Parts:
     deadline = abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
     deadman = Deadman(deadline, forensics=forensics, exit=_deadman_exit(state))
     deadman.start()
-    sched = Scheduler(cfg, store)
     board = HealthBoard()
+    broker = Broker()
+    engine = Engine(store, broker)
+    book = MemoryBook(store, broker, cfg.host_memory.margin)
     monitor = GpuMonitor(
         backend,
         deadman.call,
-        busy=lambda: bool(sched.running),
-        on_change=lambda: _cards_changed(sched, monitor),
+        busy=lambda: bool(engine.table.live),
+        on_change=lambda: broker.publish(CardsChanged()),
         beat=lambda: board.beat("gpu-monitor", time.monotonic()),
     )
     await monitor.discover()
-    sched.cards = monitor.admission_cards()
-    hangs = HangWatcher(sched, monitor, cfg)
-    hooks = Hooks(cfg.hooks, sched)
-    sched.observers.append(hooks.on_change)
-    hangs.reclassified = hooks.after_attempt
-    sched.observers.append(
-        lambda old, new: monitor.poke() if new.state is JobState.RUNNING else None
+    broker.subscribe(
+        Changed, lambda ev: monitor.poke() if ev.new.state is JobState.RUNNING else None
     )
-    attempts = AttemptRunner(
-        sched,
-        logs_dir=state / "logs",
-        visibility_env=monitor.visibility_env,
-        abort=deadman.call,
-        oom_evidence=hangs.oom_evidence,
-        hang_evidence=hangs.hang_evidence,
-        wait_for_fault=hangs.wait_for_fault,
-        oom_kills_now=hangs.oom_kills_now,
-        on_end=lambda job, r: _on_end(hangs, hooks, job, r),
+    hangs = HangWatcher(
+        cfg,
+        engine,
+        broker,
+        monitor,
+        mem_total_mb=read_meminfo().total_mb,
+        beat=lambda: board.beat("kernel-log", time.monotonic()),
     )
-    hangs.attempts = attempts
-    sched.beat = lambda: board.beat("scheduler", time.monotonic())
-    hangs.beat = lambda: board.beat("kernel-log", time.monotonic())
-    sched.launch = attempts.launch
-    forensics.provide(running_jobs=lambda: _running(sched), recent_kernel_lines=hangs.recent)
-    api_parts: dict[str, Any] = {}
-    server = Server(
-        cfg.socket,
-        lambda req, peer: api_parts["api"].handle(req, peer),
-        mode=cfg.socket_mode,
-        group=cfg.socket_group,
-        max_connections=cfg.limits.max_connections,
-        idle_timeout_s=cfg.limits.idle_timeout_s,
+    runner = Runner(
+        cfg, engine, broker, hangs, monitor, logs_dir=state / "logs", abort=deadman.call
     )
-    parts = Parts(cfg, store, sched, monitor, attempts, deadman, Notifier(), board, hangs, server)
-    telemetry = parts.telemetry = Telemetry(parts)
-    sched.observers.append(telemetry.metrics.observe_job)
+    dispatcher = Dispatcher(
+        cfg,
+        engine,
+        book,
+        broker,
+        cards=monitor.admission_cards,
+        rss_mb=runner.rss_mb,
+        beat=lambda: board.beat("scheduler", time.monotonic()),
+    )
+    hooks = Hooks(cfg.hooks, book, broker)
+    forensics.provide(running_jobs=lambda: _running(runner), recent_kernel_lines=hangs.recent)
+    access = Access(cfg.admin_group)
+    telemetry = Telemetry(cfg, engine, dispatcher, runner, monitor, board, access)
+    broker.subscribe(Changed, lambda ev: telemetry.metrics.observe_job(ev.old, ev.new))
     api = Api(
         cfg,
-        sched,
-        stop_job=lambda job_id: _cancel_running(parts, job_id),
+        engine,
+        book,
+        access,
+        broker,
+        draining=lambda: dispatcher.draining,
+        live_rss=runner.live_rss,
         card_count=lambda: len(monitor.cards),
         card_vram_mb=lambda: max((c.vram_total_mb for c in monitor.cards), default=0),
         simple=telemetry.handlers(),
     )
-    api_parts["api"] = api
-    server.admit = api.admit
-    telemetry.may_see = api.may_act
-    telemetry.may_see_uid = lambda peer, uid: peer.uid == uid or api.is_admin(peer.uid)
-    return parts
+    server = Server(
+        cfg.socket,
+        api.handle,
+        mode=cfg.socket_mode,
+        group=cfg.socket_group,
+        max_connections=cfg.limits.max_connections,
+        idle_timeout_s=cfg.limits.idle_timeout_s,
+        admit=access.admit,
+    )
+    return Parts(
+        cfg,
+        store,
+        broker,
+        engine,
+        book,
+        monitor,
+        dispatcher,
+        hangs,
+        runner,
+        hooks,
+        deadman,
+        Notifier(),
+        board,
+        telemetry,
+        server,
+    )
 
 
-def _on_end(hangs: HangWatcher, hooks: Hooks, job: Job, r: Running) -> None:
-    """After an attempt is recorded: hang bookkeeping, then the operator's hooks."""
-    hangs.on_attempt_end(job, r)
-    hooks.after_attempt(job, r.attempt)
-
-
-def _cards_changed(sched: Scheduler, monitor: GpuMonitor) -> None:
-    sched.cards = monitor.admission_cards()
-    sched.poke()
-
-
-def _running(sched: Scheduler) -> list[dict[str, Any]]:
+def _running(runner: Runner) -> list[dict[str, Any]]:
     out = []
-    for r in list(sched.running.values()):
-        pids = [p.pid for p in r.handle.tree()] if r.handle else []
-        out.append({"job_id": r.job_id, "pids": pids, "gpus": list(r.cards)})
+    for p in list(runner.procs.values()):
+        pids = [q.pid for q in p.handle.tree()]
+        out.append({"job_id": p.job_id, "pids": pids, "gpus": list(p.cards)})
     return out
-
-
-async def _cancel_running(parts: Parts, job_id: int) -> None:
-    r = parts.sched.running.get(job_id)
-    if r is None:
-        return
-    assert parts.sched.tg is not None
-    parts.sched.tg.start_soon(parts.attempts.stop, r, FailureReason.CANCELLED, None)
 
 
 async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
     """Admit nothing more, stop running jobs as `interrupted` (requeued, uncharged), exit."""
-    sched = parts.sched
-    sched.draining = True
+    parts.phase = Phase.DRAINING
+    parts.dispatcher.drain()
     parts.notifier.stopping()
-    log.info("draining", running=len(sched.running))
+    table = parts.engine.table
+    log.info("draining", running=len(table.live))
     grace = parts.cfg.jobs.kill_grace_s
     parts.notifier.extend_timeout(grace + 30)
-    async with anyio.create_task_group() as tg:
-        for r in list(sched.running.values()):
-            tg.start_soon(parts.attempts.stop, r, FailureReason.INTERRUPTED, None)
+    idle = anyio.Event()
+
+    def check(_ev: Changed) -> None:
+        if not table.live:
+            idle.set()
+
+    parts.broker.subscribe(Changed, check)
+    for job_id in list(table.live):
+        await parts.engine.do(Stop(job_id, FailureReason.INTERRUPTED))
     with anyio.move_on_after(grace + 10):
-        while sched.running:
-            await anyio.sleep(0.05)
+        if table.live:
+            await idle.wait()
     log.info("drained")
     scope.cancel()
 
@@ -234,40 +263,36 @@ async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
             async for signum in signals:
-                if not parts.sched.draining:
+                if parts.phase is not Phase.DRAINING:
                     log.info("signal: drain", signal=signal.Signals(signum).name)
                     tg.start_soon(_drain, parts, scope)
                 else:
                     log.warning("second signal: stopping now")
-                    for r in parts.sched.running.values():
-                        if r.handle is not None:
-                            with contextlib.suppress(Exception):
-                                r.handle.signal_tree(signal.SIGKILL)
+                    parts.runner.kill_all_now()
                     scope.cancel()
 
 
 async def _status(parts: Parts) -> None:
     changed = anyio.Event()
 
-    def on_change(_old: Job | None, _new: Job) -> None:
+    def on_change(_ev: Changed) -> None:
         changed.set()
 
-    parts.sched.observers.append(on_change)
+    parts.broker.subscribe(Changed, on_change)
+    table = parts.engine.table
     while True:
-        sched = parts.sched
-        queued = len(sched.queue)
         cards = parts.monitor.cards
         parts.notifier.status(
             status_line(
-                len(sched.running),
-                queued,
-                sched.held_counts(),
+                len(table.live),
+                len(table.queue),
+                table.held_counts(),
                 sum(1 for c in cards if c.health == "ok"),
                 len(cards),
-                sched.draining,
+                parts.dispatcher.draining,
             )
         )
-        sched.poke()  # the dispatch loop checks in after the pass this wakes
+        parts.dispatcher.poke()  # the dispatch loop checks in after the pass this wakes
         with anyio.move_on_after(STATUS_INTERVAL_S):
             await changed.wait()
         changed = anyio.Event()
@@ -291,7 +316,7 @@ async def _self_ping(parts: Parts) -> None:
 
 async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> None:
     """Start every service in order, then READY=1; returns when drained or cancelled."""
-    sched, board = parts.sched, parts.board
+    board = parts.board
     now = time.monotonic()
     services = ("scheduler", "server", "gpu-monitor", "kernel-log")
     for name, period in ((s, 30.0) for s in services):
@@ -299,12 +324,17 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:
             await tg.start(parts.store.run_writer)
-            await reconcile(sched, parts.store)
+            await reconcile(parts.engine, parts.store, parts.book)
             await tg.start(parts.deadman.run)
-            await tg.start(sched.run)
+            await tg.start(parts.hooks.run)
+            await tg.start(parts.runner.run)
+            await tg.start(parts.dispatcher.run)
             await tg.start(parts.monitor.run)
             await tg.start(parts.hangs.run)
-            await tg.start(Sampler(sched, parts.attempts, parts.monitor, parts.hangs).run)
+            sampler = Sampler(
+                parts.cfg, parts.engine, parts.runner, parts.dispatcher, parts.monitor, parts.hangs
+            )
+            await tg.start(sampler.run)
             await tg.start(parts.server.run)
             tg.start_soon(_signals, parts, scope)
             tg.start_soon(_status, parts)
@@ -315,6 +345,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             await tg.start(StallDetector().run)
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
+            parts.phase = Phase.SERVING
             parts.notifier.ready()
             log.info(
                 "ready",
@@ -323,6 +354,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
                 state_dir=str(parts.cfg.state_dir),
             )
             task_status.started()
+    parts.phase = Phase.STOPPED
     await parts.store.flush()
 
 

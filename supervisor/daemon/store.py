@@ -15,6 +15,7 @@ import anyio
 import structlog
 
 from supervisor.core.jobs import Job, JobSpec
+from supervisor.core.records import Attempt, Event
 from supervisor.daemon.store_schema import (
     ATTEMPT_COLUMNS,
     INSERT_EVENT,
@@ -22,8 +23,6 @@ from supervisor.daemon.store_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
     UPDATE_JOB,
-    Attempt,
-    Event,
     MemRow,
     _event_params,
     _finish_attempt,
