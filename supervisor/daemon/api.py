@@ -214,11 +214,11 @@ class Api:
         if not self.access.may_act(peer, job):
             raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
         await self.book.load(job.spec.mem_key)
+        async with self.engine.quiet():  # the job, its attempts and events of one moment
+            job = await self._job(job.id)
+            attempts, events = await self.store.attempts(job.id), await self.store.events(job.id)
         obj = views.job_json(
-            job,
-            host_memory=self.book.projection(job.spec),
-            attempts=await self.store.attempts(job.id),
-            events=await self.store.events(job.id),
+            job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )
         live = self.live_rss(job.id)
         if live is not None and obj["attempts"]:  # the running attempt's figures so far

@@ -177,7 +177,9 @@ class Runner:
     async def end(self, p: Proc, status: ExitStatus) -> None:
         """Gather the facts of the end, kill leftovers, and hand the facts to the engine."""
         hang, machine = None, None
-        if classify_exit(status) is not None and p.cards:
+        live = self.engine.table.live.get(p.job_id)
+        killed = live is not None and live.kill is not None  # its reason is known
+        if classify_exit(status) is not None and p.cards and not killed:
             hang = self.evidence.hang_evidence(p.cards, p.started_mono)
             if hang is None:
                 hang = await self.evidence.wait_for_fault(p.cards, p.started_mono)

@@ -8,8 +8,9 @@ Commands are taken one at a time, so every step sees the table as committed.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import structlog
@@ -49,6 +50,12 @@ class Engine:
             for action in out.actions:
                 self.broker.publish(action)
         return out
+
+    @contextlib.asynccontextmanager
+    async def quiet(self) -> AsyncIterator[None]:
+        """No command runs inside: what is read of the table and the store agrees."""
+        async with self._turn:
+            yield
 
     async def _with_parents(self, cmd: Submit) -> Submit:
         """--after parents that are no longer active: their end, read from the store
