@@ -13,6 +13,7 @@ from supervisor.core.commands import Cancel, Changed, ProcessStarted
 from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec
 from supervisor.core.memkey import mem_key
+from supervisor.core.records import Attempt
 from supervisor.core.table import Phase
 from supervisor.daemon import views
 from supervisor.daemon.access import Access, forbidden
@@ -21,6 +22,7 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.server import Peer
+from supervisor.daemon.store import StorageError
 from supervisor.wire import protocol
 from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
 
@@ -86,6 +88,13 @@ class Api:
     # ---- dispatch -------------------------------------------------------------------
 
     async def handle(self, req: Request, peer: Peer) -> dict[str, Any]:
+        try:
+            with self.store.answering():  # a request that cannot be recorded is refused
+                return await self._handle(req, peer)
+        except StorageError as exc:
+            raise ProtocolError(protocol.STORAGE, f"{exc}; nothing was done") from None
+
+    async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
             return await self.submit(req, peer)
         if isinstance(req, ListJobs):
@@ -214,9 +223,16 @@ class Api:
         if not self.access.may_act(peer, job):
             raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
         await self.book.load(job.spec.mem_key)
-        async with self.engine.quiet():  # the job, its attempts and events of one moment
-            job = await self._job(job.id)
-            attempts, events = await self.store.attempts(job.id), await self.store.events(job.id)
+        job_id = job.id
+
+        async def read() -> tuple[Job, list[Attempt], list[dict[str, Any]]]:
+            return (
+                await self._job(job_id),
+                await self.store.attempts(job_id),
+                await self.store.events(job_id),
+            )
+
+        job, attempts, events = await self.engine.read(read)  # of one moment
         obj = views.job_json(
             job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )

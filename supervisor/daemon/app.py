@@ -43,7 +43,7 @@ from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.server import Server, StartupError, preflight
-from supervisor.daemon.store import Store
+from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
     HealthBoard,
     Notifier,
@@ -128,7 +128,6 @@ def _lock_state_dir(state: Path) -> int:
 
 
 async def build(cfg: Config) -> Parts:
-    """Every part, constructed in dependency order; none is changed after construction."""
     # Refuse before touching the state: a second daemon must not reconcile the first's jobs.
     preflight(cfg.socket, cfg.socket_group)
     state = cfg.state_dir
@@ -137,6 +136,17 @@ async def build(cfg: Config) -> Parts:
     _lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
+    try:
+        return await _assemble(cfg, store)
+    except BaseException:  # the store's thread would keep a failed start alive
+        with anyio.CancelScope(shield=True):
+            await store.close()
+        raise
+
+
+async def _assemble(cfg: Config, store: Store) -> Parts:
+    """Every part, constructed in dependency order; none is changed after construction."""
+    state = cfg.state_dir
     await _record_previous_exit(store, state)
     backend, warnings = open_backend(cfg.simulate_gpus, state)
     for warning in warnings:
@@ -425,7 +435,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(2)
     try:
         code = anyio.run(run, cfg)
-    except StartupError as exc:
+    except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -37,13 +37,15 @@ INSERT_HANG = (
 
 
 async def next_job_id(store: Store) -> int:
-    """One past the highest id ever given, deleted jobs included (AUTOINCREMENT's rule)."""
+    """One past the highest id ever handed out: deleted jobs, and ids the database lost
+    but the id mark kept, included (the store raised its sequence past them at open)."""
     async with store.db.execute(
         "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='jobs'), 0), "
         "coalesce((SELECT max(id) FROM jobs), 0))"
     ) as cur:
         row = await cur.fetchone()
-    return int(row[0] if row else 0) + 1
+    mark = store.ids.value if store.ids is not None else 0
+    return max(int(row[0] if row else 0), mark) + 1
 
 
 def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -80,6 +82,8 @@ async def commit(store: Store, writes: Sequence[Write]) -> None:
 
     async def op(db: aiosqlite.Connection) -> None:
         await db.executemany(INSERT_JOB, [job_row(w) for w in inserts])
+        if inserts and store.ids is not None:  # before the commit: ids never go back
+            store.ids.raise_to(max(w.job.id for w in inserts))
         for w in saves:
             if w.new_attempt is not None:
                 await _insert_attempt(db, w.new_attempt)

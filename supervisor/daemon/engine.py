@@ -8,9 +8,9 @@ Commands are taken one at a time, so every step sees the table as committed.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import structlog
@@ -21,9 +21,10 @@ from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.commit import commit
-from supervisor.daemon.store import Store
+from supervisor.daemon.store import StorageError, Store
 
 log = structlog.get_logger("gpusvd.engine")
+T = TypeVar("T")
 
 
 def now() -> Now:
@@ -36,26 +37,40 @@ class Engine:
         self.broker = broker
         self.clock = clock
         self.table = Table()
+        self.epoch = 0  # +1 when a commit starts and when it ends
         self._turn = anyio.Lock()
 
     async def do(self, cmd: Command) -> Step:
-        """Decide, commit, apply, act; returns the step (its writes name new job ids)."""
+        """Decide, commit, apply, act; returns the step (its writes name new job ids).
+
+        A command sent while answering a client fails at once (StorageError) when the
+        database is known not to take writes: it is not queued behind patient ones."""
+        if self.store.problem is not None and self.store.is_answering():
+            raise StorageError("not writable now", self.store.problem)
         async with self._turn:
             if isinstance(cmd, Submit):
                 cmd = await self._with_parents(cmd)
             out = step(self.table, cmd, self.clock())
             if out.writes:
-                await commit(self.store, out.writes)
+                self.epoch += 1  # odd: a commit is in flight
+                try:
+                    await commit(self.store, out.writes)
+                finally:
+                    self.epoch += 1
             self.table.apply(out.changes)
             for action in out.actions:
                 self.broker.publish(action)
         return out
 
-    @contextlib.asynccontextmanager
-    async def quiet(self) -> AsyncIterator[None]:
-        """No command runs inside: what is read of the table and the store agrees."""
-        async with self._turn:
-            yield
+    async def read(self, reader: Callable[[], Awaitable[T]], tries: int = 5) -> T:
+        """What `reader` reads of the table and the store at one moment: read again while
+        a commit was in flight or one landed meanwhile (a few times at most)."""
+        for _ in range(tries - 1):
+            before = self.epoch
+            value = await reader()
+            if before == self.epoch and before % 2 == 0:
+                return value
+        return await reader()
 
     async def _with_parents(self, cmd: Submit) -> Submit:
         """--after parents that are no longer active: their end, read from the store

@@ -24,6 +24,8 @@ from supervisor.daemon.engine import Engine
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import read_meminfo
 
+STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
+
 
 class CardsChanged:
     """A card's health or use changed: a pass may place differently."""
@@ -116,6 +118,8 @@ class Dispatcher:
         """One admission pass; returns seconds until the next backoff expires, if any."""
         if self.draining or not self.table.queue:
             return None
+        if self.engine.store.problem is not None:  # nothing starts that could not be recorded
+            return STORAGE_RECHECK_S
         now_wall, now, cards = time.time(), time.monotonic(), self.cards_now()
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()

@@ -150,6 +150,8 @@ class Telemetry:
                 problems.append(
                     f"GPU {c.index} ({c.pci_bus_id}) is lost" + (f": {why}" if why else "")
                 )
+        if self.store.problem is not None:
+            problems.append(f"{self.store.problem}; no job starts until it can")
         if self.dispatcher.draining:
             problems.append("gpusvd is draining (stopping)")
         stale = self.board.stale(time.monotonic())
@@ -212,6 +214,8 @@ class Telemetry:
             deadman_fires=len(await store.daemon_events("deadman")),
             problems=len(await self.problems()),
             draining=self.dispatcher.draining,
+            storage_ok=store.problem is None,
+            storage_failures=store.failures,
         )
 
     async def prometheus(self, _peer: Peer) -> dict[str, Any]:
