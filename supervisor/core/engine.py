@@ -147,7 +147,7 @@ def hang_record(
             "job": job.id,
             "attempt": attempt.n,
             "gpu": m.get("gpu", attempt.gpus[0] if attempt.gpus else None),
-            "at": m.get("at", now.iso),
+            "at": m.get("at") or now.iso,
             "evidence": attempt.evidence,
             "labels": dict(job.spec.labels),
             "name": job.spec.name or None,
@@ -268,11 +268,16 @@ def _stop(
     machine: dict[str, object] | None = None,
 ) -> None:
     """Kill the attempt for `reason`; one not yet being started ends here and now. A hang
-    replaces an earlier reason (it is the cause); otherwise the first reason stands."""
+    replaces an earlier reason (it is the cause), but not a user's cancel; otherwise the
+    first reason stands."""
     job, live = d.job(job_id), d.live(job_id)
     if job is None or live is None:
         return
-    if live.kill is None or (reason is FailureReason.GPU_HANG and live.kill is not reason):
+    replaces = reason is FailureReason.GPU_HANG and live.kill not in (
+        reason,
+        FailureReason.CANCELLED,
+    )
+    if live.kill is None or replaces:
         live = dataclasses.replace(
             live, kill=reason, evidence=evidence, machine=machine or live.machine
         )

@@ -49,6 +49,8 @@ def failure(f: Facts) -> tuple[FailureReason | None, dict[str, Any] | None]:
         return f.killed_for or FailureReason.INTERRUPTED, f.kill_evidence
     if f.killed_for is not None:
         return f.killed_for, f.kill_evidence
+    if classify_exit(f.status) is None:
+        return None, None
     reason = classify_exit(f.status, oom_evidence=f.oom is not None, hang_evidence=bool(f.hang))
     if reason is FailureReason.GPU_HANG:
         return reason, f.hang
@@ -128,6 +130,8 @@ def reclassified(job: Job, attempt: Attempt, evidence: dict[str, Any]) -> Outcom
     for the retry of that very attempt, the retry moves from the ordinary to the hang
     budget and the attempt becomes a hang. None when it is too late to say so."""
     if job.state is not JobState.QUEUED or job.attempts != attempt.n:
+        return None
+    if job.reason is FailureReason.GPU_HANG:  # said so already
         return None
     if attempt.reason not in (FailureReason.EXIT_NONZERO.value, FailureReason.SIGNAL.value):
         return None

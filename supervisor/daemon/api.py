@@ -11,7 +11,7 @@ import anyio
 
 from supervisor.core.commands import Cancel, Changed, ProcessStarted
 from supervisor.core.commands import Submit as SubmitJobs
-from supervisor.core.jobs import Job, JobSpec
+from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.memkey import mem_key
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase
@@ -218,7 +218,6 @@ class Api:
         return {"ok": True, "jobs": out}
 
     async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        await self._started(req.ids[0])
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
@@ -233,6 +232,9 @@ class Api:
             )
 
         job, attempts, events = await self.engine.read(read)  # of one moment
+        if job.state is JobState.RUNNING and attempts and attempts[-1].pid is None:
+            await self._started(job_id)
+            job, attempts, events = await self.engine.read(read)
         obj = views.job_json(
             job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )

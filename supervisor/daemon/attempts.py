@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from supervisor.core import oom as ranking
 from supervisor.core.commands import Ended, Kill, Spawn, Spawning, Started
 from supervisor.core.jobs import ExitStatus, Job, classify_exit
 from supervisor.core.outcome import Facts
@@ -105,7 +106,7 @@ class Runner:
         self.logs_dir = logs_dir
         self.abort = abort
         self.procs: dict[int, Proc] = {}
-        self.oom_base = oom.base_value(oom.read_value() or 0)
+        self.oom_base = ranking.base_value(oom.read_value() or 0)
         self.orders = broker.stream(Spawn, Kill)
 
     def log_paths(self, job_id: int) -> tuple[Path, Path]:
@@ -146,7 +147,7 @@ class Runner:
             uid=uid,
             gid=gid,
             groups=groups,
-            oom_score_adj=oom.NEWEST,
+            oom_score_adj=ranking.NEWEST,
         )
 
     async def launch(self, order: Spawn) -> None:
@@ -183,15 +184,18 @@ class Runner:
             hang = self.evidence.hang_evidence(p.cards, p.started_mono)
             if hang is None:
                 hang = await self.evidence.wait_for_fault(p.cards, p.started_mono)
-            if hang is not None:
-                machine = self.evidence.machine(p.cards[0])
+            if hang is not None:  # stamped when the line came, not now
+                machine = {
+                    **self.evidence.machine(p.cards[0]),
+                    "at": (hang.get("at") or [None])[-1],
+                }
         oom_why = self.evidence.oom_evidence(p, status)
         if p.handle.tree():  # descendants outlived the leader
             handle = p.handle
             with contextlib.suppress(Exception):
                 await self.abort(lambda: handle.kill_tree(0.5), f"job-{p.job_id}-leftovers")
         facts = Facts(status, hang=hang, oom=oom_why, peak_rss_mb=p.peak_rss_mb, machine=machine)
-        newest = oom.newest_job({q.job_id: q.seq for q in self.procs.values()})
+        newest = ranking.newest_job({q.job_id: q.seq for q in self.procs.values()})
         await self.engine.do(Ended(p.job_id, p.n, facts))
         self.procs.pop(p.job_id, None)
         if newest == p.job_id:  # the next newest is promoted; otherwise the order stands
@@ -205,10 +209,10 @@ class Runner:
             return
         table = ProcessTable()  # one read of /proc for every job's tree
         trees = {job_id: [q.pid for q in p.handle.tree(table)] for job_id, p in self.procs.items()}
-        newest = oom.newest_job({p.job_id: p.seq for p in self.procs.values()})
+        newest = ranking.newest_job({p.job_id: p.seq for p in self.procs.values()})
         assert newest is not None
         others = {job: pids for job, pids in trees.items() if job != newest}
-        failures = oom.apply(oom.oom_adjustments(trees[newest], others, base=self.oom_base))
+        failures = oom.apply(ranking.oom_adjustments(trees[newest], others, base=self.oom_base))
         if failures:
             log.debug("oom_score_adj not applied", failures=failures[:5])
 

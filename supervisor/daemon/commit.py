@@ -32,7 +32,8 @@ INSERT_JOB = (
 )
 INSERT_HANG = (
     "INSERT INTO hangs (job_id, attempt, gpu, pci_bus_id, driver_version, at, evidence, "
-    "host_mem_available_mb, swap_used_mb, vram_used_mb, labels) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    "host_mem_available_mb, swap_used_mb, vram_used_mb, labels, name, frame) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 
 
@@ -61,6 +62,8 @@ def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
         row.get("swap_used_mb"),
         row.get("vram_used_mb"),
         json.dumps(row.get("labels") or {}),
+        row.get("name"),
+        row.get("frame"),
     )
 
 

@@ -13,7 +13,7 @@ import structlog
 
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
-from supervisor.daemon import oom
+from supervisor.core.oom import squeeze_victims
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import TreeSampler, read_meminfo
@@ -92,7 +92,7 @@ class Sampler:
             for r in self.runner.procs.values()
             if self._kill_of(r.job_id) is None
         ]
-        victims = oom.squeeze_victims(available_mb, threshold, candidates)
+        victims = squeeze_victims(available_mb, threshold, candidates)
         for job_id in victims:
             r = self.runner.procs[job_id]
             evidence = {

@@ -16,7 +16,7 @@ import aiosqlite
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -94,6 +94,11 @@ MIGRATIONS: dict[int, str] = {
         kind TEXT NOT NULL,
         data TEXT
     );
+    """,
+    # A hang record names its job and the frame it had reached (its last progress match).
+    2: """
+    ALTER TABLE hangs ADD COLUMN name TEXT;
+    ALTER TABLE hangs ADD COLUMN frame TEXT
     """,
 }
 

@@ -138,7 +138,7 @@ class Telemetry:
         for h in hangs:
             uid = owners.get(h["job"])
             if uid is None or not self.may_see_uid(peer, uid):
-                h = {**h, "labels": {}, "evidence": None}
+                h = {**h, "labels": {}, "evidence": None, "name": None, "frame": None}
             out.append(h)
         return out
 
