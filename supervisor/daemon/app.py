@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -24,7 +25,7 @@ import structlog
 
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason, JobState
-from supervisor.daemon import logs, oom, runner
+from supervisor.daemon import logs, oom, reload, runner
 from supervisor.daemon.access import Access
 from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
@@ -42,7 +43,7 @@ from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
-from supervisor.daemon.server import Server, StartupError, preflight
+from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
 from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
     HealthBoard,
@@ -58,6 +59,7 @@ from supervisor.gpus import open_backend
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
+SELF_PING_S = 10.0  # the server's check-in; as often as WATCHDOG=1 when that is sooner
 
 
 class Phase(Enum):
@@ -86,7 +88,10 @@ class Parts:
     board: HealthBoard
     telemetry: Telemetry
     server: Server
+    access: Access
+    api: Api
     phase: Phase = Phase.STARTING
+    load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again
 
 
 def _deadman_exit(state_dir: Path) -> Any:
@@ -127,7 +132,7 @@ def _lock_state_dir(state: Path) -> int:
     return fd
 
 
-async def build(cfg: Config) -> Parts:
+async def build(cfg: Config, load_config: Callable[[], Config] | None = None) -> Parts:
     # Refuse before touching the state: a second daemon must not reconcile the first's jobs.
     preflight(cfg.socket, cfg.socket_group)
     state = cfg.state_dir
@@ -137,14 +142,14 @@ async def build(cfg: Config) -> Parts:
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
     try:
-        return await _assemble(cfg, store)
+        return await _assemble(cfg, store, load_config)
     except BaseException:  # the store's thread would keep a failed start alive
         with anyio.CancelScope(shield=True):
             await store.close()
         raise
 
 
-async def _assemble(cfg: Config, store: Store) -> Parts:
+async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config] | None) -> Parts:
     """Every part, constructed in dependency order; none is changed after construction."""
     state = cfg.state_dir
     await _record_previous_exit(store, state)
@@ -212,7 +217,8 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         api.handle,
         mode=cfg.socket_mode,
         group=cfg.socket_group,
-        max_connections=cfg.limits.max_connections,
+        max_connections=connection_cap(cfg.limits.max_connections),
+        max_per_user=cfg.limits.max_connections_per_user,
         idle_timeout_s=cfg.limits.idle_timeout_s,
         admit=access.admit,
     )
@@ -232,6 +238,9 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         board,
         telemetry,
         server,
+        access,
+        api,
+        load_config=load_config,
     )
 
 
@@ -269,11 +278,14 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
 
 
 async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
-    """Signals become events: the first starts the drain, a second stops at once."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    """Signals become events: the first SIGTERM/SIGINT starts the drain, a second stops at
+    once; SIGHUP reloads the config."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as tg:
             async for signum in signals:
-                if parts.phase is not Phase.DRAINING:
+                if signum == signal.SIGHUP:
+                    reload.apply(parts)
+                elif parts.phase is not Phase.DRAINING:
                     log.info("signal: drain", signal=signal.Signals(signum).name)
                     tg.start_soon(_drain, parts, scope)
                 else:
@@ -308,9 +320,10 @@ async def _status(parts: Parts) -> None:
         changed = anyio.Event()
 
 
-async def _self_ping(parts: Parts) -> None:
+async def _self_ping(parts: Parts, every_s: float) -> None:
     """The server checks in only by answering a real client on its own socket: a wedged
-    accept loop or handler stops the pings to systemd."""
+    accept loop or handler stops the pings to systemd. The server never refuses this
+    client (its pid is the daemon's): a flood of others must not stop the check-in."""
     request = b'{"type":"ping"}\n'
     while True:
         with anyio.move_on_after(5.0):
@@ -321,7 +334,7 @@ async def _self_ping(parts: Parts) -> None:
                         parts.board.beat("server", time.monotonic())
             except OSError as exc:
                 log.warning("cannot reach our own socket", error=str(exc))
-        await anyio.sleep(10.0)
+        await anyio.sleep(every_s)
 
 
 async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -348,8 +361,8 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             await tg.start(parts.server.run)
             tg.start_soon(_signals, parts, scope)
             tg.start_soon(_status, parts)
-            tg.start_soon(_self_ping, parts)
             interval = watchdog_interval_s(os.environ)
+            tg.start_soon(_self_ping, parts, min(SELF_PING_S, interval or SELF_PING_S))
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
@@ -387,14 +400,14 @@ def _pidfd_child_watcher() -> None:
     asyncio.set_child_watcher(watcher)
 
 
-async def run(cfg: Config) -> int:
+async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> int:
     _pidfd_child_watcher()
     if runner.become_subreaper():
         log.debug("child subreaper set")
     warning = oom.daemon_self_adjust()
     if warning:
         log.warning(warning)
-    parts = await build(cfg)
+    parts = await build(cfg, load_config)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(serve, parts)
@@ -427,14 +440,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
         and v is not None
     }
     try:
-        cfg = load(args.config, flags=flags, env=os.environ, uid=os.geteuid())
+        uid = os.geteuid()
+        cfg = load(args.config, flags=flags, env=os.environ, uid=uid)
         abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
         logs.configure(cfg.log_format, args.log_level)
     except (ConfigError, ValueError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        code = anyio.run(run, cfg)
+        code = anyio.run(run, cfg, lambda: load(args.config, flags=flags, env=os.environ, uid=uid))
     except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -58,7 +58,10 @@ class Sampler:
             if not self.runner.procs:
                 continue
             start = time.thread_time()
-            await self.pass_once()
+            try:
+                await self.pass_once()
+            except OSError as exc:  # out of descriptors (a flood): skip a pass, not the daemon
+                log.warning("sampler pass skipped", error=str(exc))
             self.cpu_s += time.thread_time() - start
 
     async def pass_once(self) -> None:
@@ -92,7 +95,13 @@ class Sampler:
             for r in self.runner.procs.values()
             if self._kill_of(r.job_id) is None
         ]
-        victims = squeeze_victims(available_mb, threshold, candidates)
+        # Jobs already being stopped hold their memory through the kill grace, and a dying
+        # one reads as empty before MemAvailable shows what it gave back: their peaks count
+        # as on the way back, or every pass would stop one more job meanwhile.
+        stopping_mb = sum(
+            r.peak_rss_mb for r in self.runner.procs.values() if self._kill_of(r.job_id) is not None
+        )
+        victims = squeeze_victims(available_mb + stopping_mb, threshold, candidates)
         for job_id in victims:
             r = self.runner.procs[job_id]
             evidence = {

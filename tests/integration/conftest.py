@@ -27,6 +27,7 @@ class Daemon:
         self.socket = root / "gpusvd.sock"
         self.kernel_log = root / "kern.log"
         self.kernel_log.touch()
+        self.kernel_source = f"file:{self.kernel_log}"  # or "kmsg": the real /dev/kmsg
         self.config = root / "gpusvd.toml"
         self.config.write_text(config)
         self.log = root / "daemon.log"
@@ -51,7 +52,7 @@ class Daemon:
             "--socket",
             str(self.socket),
             "--kernel-log",
-            f"file:{self.kernel_log}",
+            self.kernel_source,
         ]
         if self.gpus:
             argv += ["--simulate-gpus", self.gpus]
@@ -132,6 +133,16 @@ class Daemon:
             timeout,
             f"job {job_id} in {states}",
         )
+
+    def wait_pid(self, job_id: int, timeout: float = 20.0) -> int:
+        """The running attempt's leader pid, once recorded (it is written after `running`)."""
+
+        def pid() -> int | None:
+            job = self.show(job_id)
+            attempts = job["attempts"]
+            return attempts[-1]["pid"] if job["state"] == "running" and attempts else None
+
+        return int(self.wait_for(pid, timeout, f"job {job_id} running with its pid recorded"))
 
     def wait_done(self, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
         return self.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=timeout)
