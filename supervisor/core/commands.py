@@ -42,6 +42,7 @@ class Dispatch:
     starts: tuple[Start, ...]
     holds: tuple[Hold, ...]
     projections: dict[int, Projection | None] = field(default_factory=dict)
+    uuids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the cards' UUIDs
 
 
 @dataclass(frozen=True)

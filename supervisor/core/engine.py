@@ -212,6 +212,7 @@ def _claim(d: _Draft, start: Start, cmd: Dispatch) -> None:
         started_at=d.now.iso,
         mem_key=job.spec.mem_key,
         mem_scale=job.spec.mem_scale,
+        gpu_uuids=cmd.uuids.get(job.id, ()),
     )
     started = transition(job, JobState.RUNNING, d.now.iso, gpus=start.gpus, attempts=attempt.n)
     gpus = ",".join(map(str, start.gpus)) or "none"

@@ -23,11 +23,13 @@ class Attempt:
     peak_rss_mb: int | None = None
     peak_vram_mb: int | None = None
     evidence: dict[str, Any] | None = None
+    gpu_uuids: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "n": self.n,
             "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
             "pid": self.pid,
             "started_at": self.started_at,
             "ended_at": self.ended_at,

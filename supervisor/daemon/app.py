@@ -5,10 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import fcntl
-import json
 import os
 import signal
 import sys
@@ -16,7 +12,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
@@ -30,7 +25,6 @@ from supervisor.daemon.access import Access
 from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.clock import iso_from_epoch
 from supervisor.daemon.config import Config, ConfigError, load
 from supervisor.daemon.deadman import Deadman, abort_deadline_s
 from supervisor.daemon.engine import Engine
@@ -44,20 +38,29 @@ from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
+from supervisor.daemon.startup import (
+    deadman_exit,
+    lock_state_dir,
+    parse_args,
+    pidfd_child_watcher,
+    record_previous_exit,
+)
 from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
     HealthBoard,
     Notifier,
     StallDetector,
+    self_ping,
     status_line,
     watchdog_interval_s,
     watchdog_task,
 )
 from supervisor.daemon.telemetry import Telemetry
-from supervisor.gpus import open_backend
+from supervisor.gpus import GpuError, open_backend
+from supervisor.gpus.nvml_events import nvml_xid_sources
+from supervisor.gpus.release import release_backend
 
 log = structlog.get_logger("gpusvd")
-EXIT_MARKER = "last-exit.json"
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
 SELF_PING_S = 10.0  # the server's check-in; as often as WATCHDOG=1 when that is sooner
 
@@ -94,51 +97,13 @@ class Parts:
     load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again
 
 
-def _deadman_exit(state_dir: Path) -> Any:
-    """Leave a marker for the next start (metrics and health report deadman fires), then
-    leave without destructors: a drain cannot work when an abort is stuck."""
-
-    def exit_(code: int) -> NoReturn:
-        with contextlib.suppress(OSError):
-            marker = state_dir / EXIT_MARKER
-            marker.write_text(json.dumps({"kind": "deadman", "at": time.time(), "code": code}))
-        os._exit(code)
-
-    return exit_
-
-
-async def _record_previous_exit(store: Store, state_dir: Path) -> None:
-    marker = state_dir / EXIT_MARKER
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return
-    await store.add_daemon_event(
-        iso_from_epoch(float(data.get("at", time.time()))), data.get("kind", "unknown"), data
-    )
-    marker.unlink(missing_ok=True)
-    log.warning("previous gpusvd exited through the deadman", exit_code=data.get("code"))
-
-
-def _lock_state_dir(state: Path) -> int:
-    """One daemon per state dir: a second one would reconcile, and so kill, the first
-    one's running jobs. The lock is held until the process exits."""
-    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StartupError(f"another gpusvd is already using the state dir {state}") from None
-    return fd
-
-
 async def build(cfg: Config, load_config: Callable[[], Config] | None = None) -> Parts:
     # Refuse before touching the state: a second daemon must not reconcile the first's jobs.
     preflight(cfg.socket, cfg.socket_group)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, 0o700)
-    _lock_state_dir(state)
+    lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
     try:
@@ -152,13 +117,15 @@ async def build(cfg: Config, load_config: Callable[[], Config] | None = None) ->
 async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config] | None) -> Parts:
     """Every part, constructed in dependency order; none is changed after construction."""
     state = cfg.state_dir
-    await _record_previous_exit(store, state)
-    backend, warnings = open_backend(cfg.simulate_gpus, state)
+    await record_previous_exit(store, state)
+    backend, warnings = open_backend(
+        cfg.simulate_gpus, state, probe_deadline_s=cfg.gpus.probe_deadline_s, env=os.environ
+    )
     for warning in warnings:
         log.warning(warning)
     forensics = Forensics()
     deadline = abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
-    deadman = Deadman(deadline, forensics=forensics, exit=_deadman_exit(state))
+    deadman = Deadman(deadline, forensics=forensics, exit=deadman_exit(state))
     deadman.start()
     board = HealthBoard()
     broker = Broker()
@@ -171,7 +138,11 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         on_change=lambda: broker.publish(CardsChanged()),
         beat=lambda: board.beat("gpu-monitor", time.monotonic()),
     )
-    await monitor.discover()
+    monitor.visible_by = cfg.gpus.visible_devices
+    try:
+        await monitor.discover()
+    except GpuError as exc:  # e.g. a CUDA_VISIBLE_DEVICES naming no card of this host
+        raise StartupError(str(exc)) from None
     broker.subscribe(
         Changed, lambda ev: monitor.poke() if ev.new.state is JobState.RUNNING else None
     )
@@ -182,6 +153,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         monitor,
         mem_total_mb=read_meminfo().total_mb,
         beat=lambda: board.beat("kernel-log", time.monotonic()),
+        more_sources=lambda: nvml_xid_sources(monitor.backend),
     )
     runner = Runner(
         cfg, engine, broker, hangs, monitor, logs_dir=state / "logs", abort=deadman.call
@@ -193,10 +165,11 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         broker,
         cards=monitor.admission_cards,
         rss_mb=runner.rss_mb,
+        uuids_of=monitor.uuids_of,
         beat=lambda: board.beat("scheduler", time.monotonic()),
     )
     hooks = Hooks(cfg.hooks, book, broker)
-    forensics.provide(running_jobs=lambda: _running(runner), recent_kernel_lines=hangs.recent)
+    forensics.provide(running_jobs=runner.running_json, recent_kernel_lines=hangs.recent)
     access = Access(cfg.admin_group)
     telemetry = Telemetry(cfg, engine, dispatcher, runner, monitor, board, access)
     broker.subscribe(Changed, lambda ev: telemetry.metrics.observe_job(ev.old, ev.new))
@@ -242,14 +215,6 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         api,
         load_config=load_config,
     )
-
-
-def _running(runner: Runner) -> list[dict[str, Any]]:
-    out = []
-    for p in list(runner.procs.values()):
-        pids = [q.pid for q in p.handle.tree()]
-        out.append({"job_id": p.job_id, "pids": pids, "gpus": list(p.cards)})
-    return out
 
 
 async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
@@ -320,23 +285,6 @@ async def _status(parts: Parts) -> None:
         changed = anyio.Event()
 
 
-async def _self_ping(parts: Parts, every_s: float) -> None:
-    """The server checks in only by answering a real client on its own socket: a wedged
-    accept loop or handler stops the pings to systemd. The server never refuses this
-    client (its pid is the daemon's): a flood of others must not stop the check-in."""
-    request = b'{"type":"ping"}\n'
-    while True:
-        with anyio.move_on_after(5.0):
-            try:
-                async with await anyio.connect_unix(parts.cfg.socket) as conn:
-                    await conn.send(request)
-                    if (await conn.receive()).startswith(b'{"ok":true'):
-                        parts.board.beat("server", time.monotonic())
-            except OSError as exc:
-                log.warning("cannot reach our own socket", error=str(exc))
-        await anyio.sleep(every_s)
-
-
 async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> None:
     """Start every service in order, then READY=1; returns when drained or cancelled."""
     board = parts.board
@@ -362,7 +310,8 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             tg.start_soon(_signals, parts, scope)
             tg.start_soon(_status, parts)
             interval = watchdog_interval_s(os.environ)
-            tg.start_soon(_self_ping, parts, min(SELF_PING_S, interval or SELF_PING_S))
+            every = min(SELF_PING_S, interval or SELF_PING_S)
+            tg.start_soon(self_ping, parts.cfg.socket, parts.board, every)
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
@@ -388,20 +337,8 @@ def watchdog_task_for(parts: Parts, interval: float) -> Any:
     return task
 
 
-def _pidfd_child_watcher() -> None:
-    """Python 3.11's default child watcher starts a thread per child process (hooks, the
-    journal reader); a pidfd watcher needs none. 3.12 does this by default."""
-    if sys.version_info >= (3, 12):
-        return
-    import asyncio
-
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-
-
 async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> int:
-    _pidfd_child_watcher()
+    pidfd_child_watcher()
     if runner.become_subreaper():
         log.debug("child subreaper set")
     warning = oom.daemon_self_adjust()
@@ -415,20 +352,9 @@ async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> i
         parts.deadman.stop()
         with anyio.CancelScope(shield=True):
             await parts.store.close()
+            await release_backend(parts.monitor.backend)
     log.info("stopped")
     return 0
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpusvd", description="gpusv job supervisor daemon")
-    p.add_argument("--config", type=Path)
-    p.add_argument("--state-dir", dest="state_dir")
-    p.add_argument("--socket")
-    p.add_argument("--simulate-gpus", dest="simulate_gpus")
-    p.add_argument("--kernel-log", dest="kernel_log")
-    p.add_argument("--log-format", dest="log_format")
-    p.add_argument("--log-level", dest="log_level", default="info")
-    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

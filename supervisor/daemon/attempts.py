@@ -242,6 +242,14 @@ class Runner:
                 self.monitor.recovering.discard(card)
                 self.monitor.on_change()
 
+    def running_json(self) -> list[dict[str, Any]]:
+        """The running attempts' processes, for a forensics report."""
+        out = []
+        for p in list(self.procs.values()):
+            pids = [q.pid for q in p.handle.tree()]
+            out.append({"job_id": p.job_id, "pids": pids, "gpus": list(p.cards)})
+        return out
+
     def kill_all_now(self) -> None:
         """A second stop signal: no grace for anyone."""
         for p in self.procs.values():

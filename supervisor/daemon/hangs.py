@@ -25,6 +25,7 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import read_meminfo
 from supervisor.faults.classifier import Classification, Classifier, FaultClass
+from supervisor.faults.merge import attributed_bus, feed
 from supervisor.faults.sources import KernelLine, follow
 
 if TYPE_CHECKING:
@@ -56,12 +57,14 @@ class HangWatcher:
         *,
         mem_total_mb: int,
         beat: Callable[[], None] = lambda: None,
+        more_sources: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.engine = engine
         self.monitor = monitor
         self.cfg = cfg
         self.mem_total_mb = mem_total_mb
         self.beat = beat
+        self.more_sources = more_sources  # () -> {name: lines}: NVML's Xid events
         self.window_s = cfg.gpu_hang.correlation_window_s
         self.classifier = Classifier()
         self.lines: deque[str] = deque(maxlen=200)
@@ -88,8 +91,8 @@ class HangWatcher:
             tg.start_soon(self._heartbeat)
             tg.start_soon(self._sender)
             task_status.started()
-            async for line in follow(self.cfg.kernel_log, on_restart=restarted):
-                self.on_line(line)
+            sources = {"kernel": follow(self.cfg.kernel_log, on_restart=restarted)}
+            await feed({**sources, **self.more_sources()}, self.on_line)
 
     def _command(self, cmd: HangSeen | Reclassify) -> None:
         self.commands.append(cmd)
@@ -117,7 +120,7 @@ class HangWatcher:
         cls = self.classifier.feed(line.text)
         if cls.fault_class not in HANG_CLASSES:
             return
-        card = self.card_for(cls)
+        card = self.card_for(cls, line.device)
         if card is None:
             log.warning("gpu fault on no known card", line=line.text, bus_id=cls.pci_bus_id)
             return
@@ -140,10 +143,12 @@ class HangWatcher:
                 self._command(HangSeen(job_id, card, evidence, self.machine(card, line.at)))
         self._reclassify_recent(fault, line.at)
 
-    def card_for(self, cls: Classification) -> int | None:
-        """By bus id; a line naming none only when exactly one card of its vendor exists."""
-        if cls.pci_bus_id:
-            return self.monitor.by_bus_id(cls.pci_bus_id)
+    def card_for(self, cls: Classification, device: str | None = None) -> int | None:
+        """By bus id (the line's own, else the device the kernel filed it under); a line
+        naming none only when exactly one card of its vendor exists."""
+        bus = attributed_bus(cls.pci_bus_id, device)
+        if bus:
+            return self.monitor.by_bus_id(bus)
         same = [
             c.index for c in self.monitor.cards if c.vendor == cls.vendor or c.vendor == "simulated"
         ]

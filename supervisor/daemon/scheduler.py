@@ -41,6 +41,7 @@ class Dispatcher:
         *,
         cards: Callable[[], list[admission.Card]],
         rss_mb: Callable[[int], int],
+        uuids_of: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda _cards: (),
         beat: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg = cfg
@@ -49,6 +50,7 @@ class Dispatcher:
         self.book = book
         self.cards = cards
         self.rss_mb = rss_mb
+        self.uuids_of = uuids_of
         self.beat = beat
         self.wake = anyio.Event()
         self.draining = False
@@ -129,7 +131,8 @@ class Dispatcher:
             projections = {
                 s.job_id: self.book.projection(self.table.jobs[s.job_id].spec) for s in plan.starts
             }
-            await self.engine.do(Dispatch(plan.starts, plan.holds, projections))
+            uuids = {s.job_id: self.uuids_of(s.gpus) for s in plan.starts}
+            await self.engine.do(Dispatch(plan.starts, plan.holds, projections, uuids))
         self._settle(plan.holds, full)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
 

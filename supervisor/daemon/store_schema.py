@@ -16,7 +16,7 @@ import aiosqlite
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -95,8 +95,10 @@ MIGRATIONS: dict[int, str] = {
         data TEXT
     );
     """,
+    # The cards' UUIDs beside their indices: an index is only the daemon's number.
+    2: "ALTER TABLE attempts ADD COLUMN gpu_uuids TEXT",
     # A hang record names its job and the frame it had reached (its last progress match).
-    2: """
+    3: """
     ALTER TABLE hangs ADD COLUMN name TEXT;
     ALTER TABLE hangs ADD COLUMN frame TEXT
     """,
@@ -183,12 +185,13 @@ def _row_to_attempt(row: Sequence[Any]) -> Attempt:
         evidence=json.loads(row[12]) if row[12] else None,
         mem_key=row[13],
         mem_scale=row[14],
+        gpu_uuids=tuple(json.loads(row[15])) if row[15] else (),
     )
 
 
 ATTEMPT_COLUMNS = (
     "job_id, n, gpus, pid, pid_start, started_at, ended_at, exit_code, signal, reason, "
-    "peak_rss_mb, peak_vram_mb, evidence, mem_key, mem_scale"
+    "peak_rss_mb, peak_vram_mb, evidence, mem_key, mem_scale, gpu_uuids"
 )
 
 
@@ -233,7 +236,7 @@ async def _insert_event(db: aiosqlite.Connection, job_id: int | None, at: str, e
 
 async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
     await db.execute(
-        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             a.job_id,
             a.n,
@@ -250,6 +253,7 @@ async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
             json.dumps(a.evidence) if a.evidence else None,
             a.mem_key,
             a.mem_scale,
+            json.dumps(list(a.gpu_uuids)),
         ),
     )
 

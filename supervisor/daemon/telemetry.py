@@ -17,6 +17,7 @@ from supervisor.core.jobs import Job, JobState
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.metrics import CardSample, HostSample, Metrics, Snapshot
 from supervisor.daemon.server import Peer
+from supervisor.gpus.health import card_problems
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -92,6 +93,7 @@ class Telemetry:
         return [
             {
                 "index": c.index,
+                "uuid": c.uuid,
                 "name": c.name,
                 "vendor": c.vendor,
                 "pci_bus_id": c.pci_bus_id,
@@ -100,6 +102,8 @@ class Telemetry:
                 "utilization_pct": c.utilization_pct,
                 "driver_version": c.driver_version,
                 "health": c.health,
+                "mig": c.mig,
+                "allocation": self.monitor.allocation,
                 "running_jobs": sorted(running.get(c.index, [])),
                 "gpu_hangs": hangs.get(c.index, 0),
             }
@@ -143,13 +147,7 @@ class Telemetry:
         return out
 
     async def problems(self) -> list[str]:
-        problems = []
-        for c in self.monitor.cards:
-            if c.health != "ok":
-                why = self.monitor.lost_why.get(c.index, "")
-                problems.append(
-                    f"GPU {c.index} ({c.pci_bus_id}) is lost" + (f": {why}" if why else "")
-                )
+        problems = card_problems(self.monitor.cards, self.monitor.lost_why)
         if self.store.problem is not None:
             problems.append(f"{self.store.problem}; no job starts until it can")
         if self.dispatcher.draining:
@@ -200,6 +198,7 @@ class Telemetry:
                 vram_total_mb=c.vram_total_mb,
                 healthy=c.health == "ok",
                 running_jobs=len(running.get(c.index, [])),
+                uuid=c.uuid,
             )
             for c in self.monitor.cards
         )
