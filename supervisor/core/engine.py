@@ -319,13 +319,33 @@ def _progress(d: _Draft, cmd: Progress) -> None:
         d.c.jobs[job.id] = dataclasses.replace(job, progress=cmd.match)
 
 
+def _adopt(d: _Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
+    """A job whose keeper still holds its attempt: running as stored, its cards taken."""
+    seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
+    d.c.seq = seq
+    d.c.jobs[job.id] = job
+    d.c.live[job.id] = Live(
+        attempt=attempt,
+        cards=tuple(attempt.gpus),
+        seq=seq,
+        phase=Phase.RUNNING,
+        projection=cmd.projections.get(job.id),
+        vram_reserved_mb=cmd.vram_reserved.get(job.id, 0),
+        claimed_mono=d.now.mono,
+    )
+    d.out.actions.append(Changed(None, job))
+
+
 def _recover(d: _Draft, cmd: Recover) -> None:
     """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
     is queued again as `interrupted` (charged to no budget), its attempt closed."""
     d.c.next_id = max(cmd.next_id, d.t.next_id)
     for job in cmd.jobs:
+        attempt = cmd.open_attempts.get(job.id)
+        if job.state is JobState.RUNNING and attempt is not None and job.id in cmd.adopted:
+            _adopt(d, job, attempt, cmd)
+            continue
         if job.state is JobState.RUNNING:
-            attempt = cmd.open_attempts.get(job.id)
             message = "the daemon stopped while this attempt ran" + (
                 "; its leftover processes were killed" if job.id in cmd.killed else ""
             )

@@ -20,7 +20,7 @@ import structlog
 
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason, JobState
-from supervisor.daemon import logs, oom, reload, runner
+from supervisor.daemon import cgroups, logs, oom, reload
 from supervisor.daemon.access import Access
 from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
@@ -32,6 +32,7 @@ from supervisor.daemon.forensics import Forensics
 from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
+from supervisor.daemon.keepers import Keepers, cgroup_tag
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.recovery import reconcile
@@ -85,6 +86,7 @@ class Parts:
     dispatcher: Dispatcher
     hangs: HangWatcher
     runner: Runner
+    keepers: Keepers
     hooks: Hooks
     deadman: Deadman
     notifier: Notifier
@@ -155,8 +157,16 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         beat=lambda: board.beat("kernel-log", time.monotonic()),
         more_sources=lambda: nvml_xid_sources(monitor.backend),
     )
+    keepers = Keepers(state, *cgroups.keeper_roots(cgroup_tag(state)))
     runner = Runner(
-        cfg, engine, broker, hangs, monitor, logs_dir=state / "logs", abort=deadman.call
+        cfg,
+        engine,
+        broker,
+        hangs,
+        monitor,
+        logs_dir=state / "logs",
+        abort=deadman.call,
+        keepers=keepers,
     )
     dispatcher = Dispatcher(
         cfg,
@@ -205,6 +215,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         dispatcher,
         hangs,
         runner,
+        keepers,
         hooks,
         deadman,
         Notifier(),
@@ -238,6 +249,9 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
     with anyio.move_on_after(grace + 10):
         if table.live:
             await idle.wait()
+        while parts.runner.procs:  # each end acknowledged to its keeper
+            await anyio.sleep(0.02)
+    await parts.keepers.shutdown_idle()  # a stopped daemon leaves no keeper behind
     log.info("drained")
     scope.cancel()
 
@@ -293,9 +307,9 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
     for name, period in ((s, 30.0) for s in services):
         board.register(name, period, now)
     with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
+        async with parts.keepers, anyio.create_task_group() as tg:
             await tg.start(parts.store.run_writer)
-            await reconcile(parts.engine, parts.store, parts.book)
+            await reconcile(parts.engine, parts.store, parts.book, parts.keepers, parts.runner)
             await tg.start(parts.deadman.run)
             await tg.start(parts.hooks.run)
             await tg.start(parts.runner.run)
@@ -339,8 +353,7 @@ def watchdog_task_for(parts: Parts, interval: float) -> Any:
 
 async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> int:
     pidfd_child_watcher()
-    if runner.become_subreaper():
-        log.debug("child subreaper set")
+    cgroups.settle_delegated()  # under Delegate=yes: into a leaf, job cgroups beside it
     warning = oom.daemon_self_adjust()
     if warning:
         log.warning(warning)

@@ -22,16 +22,18 @@ import anyio.abc
 import structlog
 
 from supervisor.core import oom as ranking
-from supervisor.core.commands import Ended, Kill, Spawn, Spawning, Started
-from supervisor.core.jobs import ExitStatus, Job, classify_exit
+from supervisor.core.commands import Ended, Kill, Spawn, Spawning, Started, Stop
+from supervisor.core.jobs import ExitStatus, FailureReason, Job, classify_exit
 from supervisor.core.outcome import Facts
 from supervisor.core.table import Phase
 from supervisor.daemon import oom
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.runner import LaunchSpec, ProcessHandle, ProcessTable, SpawnError, spawn
+from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
+from supervisor.daemon.runner import LaunchSpec, ProcessTable, SpawnError
 from supervisor.gpus import apply_visibility
+from supervisor.keeper.client import KeeperError
 
 if TYPE_CHECKING:
     from supervisor.daemon.gpu_monitor import GpuMonitor
@@ -63,7 +65,7 @@ class Proc:
     cards: tuple[int, ...]
     seq: int
     started_mono: float
-    handle: ProcessHandle
+    handle: KeptProcess
     rss_mb: int = 0
     peak_rss_mb: int = 0
     tracker: ProgressTracker | None = None
@@ -98,6 +100,7 @@ class Runner:
         *,
         logs_dir: Path,
         abort: Callable[[Callable[[], Any], str], Any],
+        keepers: Keepers,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -106,6 +109,8 @@ class Runner:
         self.logs_dir = logs_dir
         self.abort = abort
         self.procs: dict[int, Proc] = {}
+        self.keepers = keepers
+        self._adopted: list[Proc] = []  # taken back at start-up; watched once run() starts
         self.oom_base = ranking.base_value(oom.read_value() or 0)
         self.orders = broker.stream(Spawn, Kill)
 
@@ -123,6 +128,9 @@ class Runner:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
+            for p in self._adopted:
+                tg.start_soon(self._watch, p)
+            self._adopted.clear()
             task_status.started()
             async for order in self.orders:
                 if isinstance(order, Spawn):
@@ -160,7 +168,7 @@ class Runner:
             return
         try:
             spec = self._launch_spec(order.job, n, order.cards)
-            handle = await anyio.to_thread.run_sync(spawn, spec)
+            handle = await self.keepers.spawn(keeper_name(order.cards), spec)
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             return
@@ -168,12 +176,43 @@ class Runner:
         p.oom_kills_at_start = self.evidence.oom_kills_now()
         self.procs[job_id] = p
         self.rank()
+        await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))
+        await self._watch(p)
+
+    def adopt(
+        self, job_id: int, n: int, cards: tuple[int, ...], seq: int, proc: KeptProcess
+    ) -> None:
+        """An attempt an earlier daemon started, taken back from its keeper (recovery)."""
+        p = Proc(job_id, n, cards, seq, time.monotonic(), proc)
+        self.procs[job_id] = p
+        self._adopted.append(p)
+
+    async def _watch(self, p: Proc) -> None:
+        """Wait for the attempt's end as its keeper recorded it, report it, then let the
+        keeper forget it (only once the end is committed here)."""
         try:
-            await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))
-            status = await handle.wait()
+            try:
+                status = await p.handle.wait()
+            except KeeperGone:
+                status = None
+            if status is None:  # its keeper died: the job was killed, its status unknown
+                await self._keeper_lost(p)
+                status = ExitStatus(None, signal.SIGKILL)
             await self.end(p, status)
+            await self._forget(p)
         finally:
-            self.procs.pop(job_id, None)
+            self.procs.pop(p.job_id, None)
+
+    async def _keeper_lost(self, p: Proc) -> None:
+        message = f"its keeper ({p.handle.keeper.name}) died; the job was killed"
+        log.warning("keeper lost", job_id=p.job_id, keeper=p.handle.keeper.name)
+        await self.engine.do(Stop(p.job_id, FailureReason.INTERRUPTED, {"message": message}))
+
+    async def _forget(self, p: Proc) -> None:
+        with contextlib.suppress(KeeperError, KeeperGone, OSError):
+            if p.handle.keeper.gone:  # a new keeper took the journal over: ack there
+                p.handle.keeper, _ = await self.keepers.ensure(p.handle.keeper.name)
+            await p.handle.ack()
 
     async def end(self, p: Proc, status: ExitStatus) -> None:
         """Gather the facts of the end, kill leftovers, and hand the facts to the engine."""
@@ -189,7 +228,9 @@ class Runner:
                     **self.evidence.machine(p.cards[0]),
                     "at": (hang.get("at") or [None])[-1],
                 }
-        oom_why = self.evidence.oom_evidence(p, status)
+        ended = p.handle.ended
+        job_oom = ended is not None and (ended.oom_kills or 0) > 0
+        oom_why = "job_cgroup_oom_kill" if job_oom else self.evidence.oom_evidence(p, status)
         if p.handle.tree():  # descendants outlived the leader
             handle = p.handle
             with contextlib.suppress(Exception):

@@ -43,6 +43,9 @@ def launch(home: Path, cgroup2: Path | None = None, memcg: Path | None = None) -
     with open(home / "log", "ab") as log:
         done = subprocess.run(
             launch_argv(home, cgroup2, memcg),
+            # Our own interpreter, by our own image: a daemon run as an ordinary user may
+            # execute a binary whose path it may not search (a root-owned pyenv).
+            executable="/proc/self/exe" if Path("/proc/self/exe").exists() else None,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

@@ -176,9 +176,10 @@ def _child(
     except BaseException as exc:
         message = _why(stage, spec.argv[0], exc)
         try:
-            os.write(status, message.encode(errors="replace"))
-            if stage.startswith("cannot enter"):
-                os.write(2, f"gpusv: {message}\n".encode(errors="replace"))
+            if stage.startswith("cannot enter"):  # the job's own stderr says which; the
+                os.write(2, f"gpusv: {message}\n".encode(errors="replace"))  # answer never
+                message = f"{stage}: missing or not permitted (the job's stderr says which)"
+            os.write(status, message.encode(errors="replace"))  # tells missing from not yours
         finally:
             os._exit(127)
     os._exit(127)
