@@ -332,6 +332,10 @@ class Keepers:
             sorted(p.name for p in self.root.glob("*") if p.is_dir()) if self.root.exists() else []
         )
         for name in names:
+            home = self.home(name)
+            journal = home / "journal"
+            if not (home / "sock").exists() and not (journal.exists() and journal.stat().st_size):
+                continue  # left empty by a keeper that was let go: nothing to take back
             keeper, records = await self.ensure(name)
             for record in records:
                 found[record.key] = KeptProcess(keeper, record)

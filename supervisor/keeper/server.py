@@ -278,6 +278,7 @@ class Server:
         """Leave only when nothing is left to keep: no job, no unacknowledged exit."""
         if self.jobs.journal.records:
             raise Refused("busy", f"{len(self.jobs.journal.records)} attempts still kept")
+        self.jobs.journal.compact()  # empty: the next daemon need not start us to look
         self.stopping = True
         reply({})
 
