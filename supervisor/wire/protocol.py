@@ -238,6 +238,7 @@ class SubmitOptions:
     priority: int = 0
     after: tuple[int, ...] = ()
     dry_run: bool = False
+    stall_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         priority=f.int_("priority", 0, -1_000_000, 1_000_000) or 0,
         after=tuple(f.int_list("after", 1000)),
         dry_run=f.bool_("dry_run"),
+        stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
     )
 
 
