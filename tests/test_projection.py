@@ -288,40 +288,6 @@ def test_the_margin_applies_to_fit_and_floor_alike() -> None:
     )
 
 
-# --- the memory key by table (digests from `printf 'a\0b' | sha256sum`) -------------------
-
-A28 = "a" * 28
-
-
-@pytest.mark.parametrize(
-    ("argv", "key"),
-    [
-        (["python3", "train.py"], "python3 train.py#0103711c"),
-        (["/usr/bin/python3", "train.py", "--bs", "8"], "python3 train.py --bs 8#a5e71206"),
-        # whitespace inside an argument is one space in the head, and intact in the digest
-        (["sh", "-c", "a  b\tc"], "sh -c a b c#1980a2b9"),
-        # an executable with no basename is kept as it was given
-        (["/", "run"], "/ run#e6f3e971"),
-        # bytes that are not UTF-8 (os.fsdecode's surrogates) go into the digest as they were
-        (["python3", "\udcff"], "python3 \udcff#83f60c03"),
-        # a head of exactly 40 characters is kept whole...
-        (
-            ["python3", "abcdefghijklmnopqrstuvwxyz012345"],
-            f"python3 {'abcdefghijklmnopqrstuvwxyz012345'}#a587b3c9",
-        ),
-        # ...a longer one is cut to 37, its trailing space dropped, and marked
-        (["python3", A28, "tail-long-argument"], f"python3 {A28}...#6774aa78"),
-    ],
-)
-def test_mem_key_by_table(argv: list[str], key: str) -> None:
-    assert mem_key(argv) == key
-
-
-def test_mem_key_without_a_command_says_so() -> None:
-    with pytest.raises(ValueError, match=r"^mem_key needs a command$"):
-        mem_key([])
-
-
 # --- the fit's remaining edges -------------------------------------------------------------
 
 
