@@ -3,6 +3,7 @@ the no-progress watchdog. One pass over /proc per interval for all jobs, off the
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -103,7 +104,7 @@ class Sampler:
         for card in cards:
             try:
                 per_card[card] = await m.call(
-                    lambda c=card: backend.process_vram_mb(c), f"gpu-procs-{card}"
+                    functools.partial(backend.process_vram_mb, card), f"gpu-procs-{card}"
                 )
             except Exception:  # a lost or busy card: its figure stays as it was
                 continue
