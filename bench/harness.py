@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from supervisor.client.cli import Client, Unreachable
+from supervisor.daemon import keepers
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
@@ -194,6 +195,7 @@ class BenchDaemon:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop(signal.SIGKILL)
+        keepers.abandon(self.state)  # they outlive a killed daemon by design
 
 
 def submit_request(root: Path, argvs: list[list[str]], **options: Any) -> dict[str, Any]:

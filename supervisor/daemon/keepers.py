@@ -365,3 +365,28 @@ def _spawn_fields(spec: LaunchSpec, mem_max: int | None) -> dict[str, Any]:
         "oom_score_adj": spec.oom_score_adj,
         "mem_max": mem_max,
     }
+
+
+def abandon(state_dir: Path) -> None:
+    """Kill every keeper of `state_dir` and every job they hold, and remove their cgroups:
+    for whoever throws a whole state dir away (the benchmark, tests). A daemon never
+    calls this: its keepers are meant to outlive it."""
+    from supervisor.daemon.cgroups import keeper_roots
+    from supervisor.keeper import cgroup
+    from supervisor.keeper.client import pid_of
+
+    root = state_dir / "keepers"
+    for home in sorted(root.glob("*")) if root.exists() else []:
+        pid = pid_of(home)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for base in keeper_roots(cgroup_tag(state_dir)):
+        if base is None or not base.exists():
+            continue
+        for keeper_root in (p for p in base.glob("keeper-*") if p.is_dir()):
+            for group in (p for p in keeper_root.glob("job-*") if p.is_dir()):
+                cgroup.empty_out(group)
+                group.rmdir()
+            keeper_root.rmdir()
+        base.rmdir()

@@ -201,27 +201,10 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
 
 def _kill_keepers(d: Daemon) -> None:
-    """Keepers outlive their daemon by design: a test's die with it, and their jobs'
-    cgroups go."""
-    from supervisor.daemon.cgroups import keeper_roots
-    from supervisor.daemon.keepers import cgroup_tag
-    from supervisor.keeper import cgroup
-    from supervisor.keeper.client import pid_of
+    """Keepers outlive their daemon by design: a test's die with it, with their jobs."""
+    from supervisor.daemon.keepers import abandon
 
-    homes = sorted((d.state / "keepers").glob("*")) if (d.state / "keepers").exists() else []
-    for home in homes:
-        pid = pid_of(home)
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-    for root in keeper_roots(cgroup_tag(d.state)):
-        if root is None or not root.exists():
-            continue
-        for keeper_root in (path for path in root.glob("keeper-*") if path.is_dir()):
-            for group in (path for path in keeper_root.glob("job-*") if path.is_dir()):
-                cgroup.empty_out(group)
-                group.rmdir()
-            keeper_root.rmdir()
-        root.rmdir()
+    abandon(d.state)
 
 
 def _kill_jobs(d: Daemon) -> None:
