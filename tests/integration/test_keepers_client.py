@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import tempfile
 import uuid
@@ -51,6 +52,7 @@ def state_dir() -> Iterator[tuple[Path, Path, Path]]:
                     sub.rmdir()
             if root.exists():
                 root.rmdir()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _spec(state: Path, job: int, argv: list[str], attempt: int = 1) -> LaunchSpec:
