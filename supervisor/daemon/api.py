@@ -25,6 +25,17 @@ from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
 from supervisor.wire import protocol
 from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
+from supervisor.wire.shapes import (
+    CancelReply,
+    CancelResult,
+    JobJson,
+    ListReply,
+    LogsReply,
+    PublicJobJson,
+    ShowReply,
+    SubmitReply,
+    WaitReply,
+)
 
 LOG_CHUNK = 512 * 1024
 START_WAIT_S = 10.0  # the longest `show` waits for a start in flight
@@ -96,17 +107,17 @@ class Api:
 
     async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
-            return await self.submit(req, peer)
+            return dict(await self.submit(req, peer))
         if isinstance(req, ListJobs):
-            return await self.list(req, peer)
+            return dict(await self.list(req, peer))
         if isinstance(req, JobRef):
-            handler = {
-                "show": self.show,
-                "cancel": self.cancel,
-                "wait": self.wait,
-                "logs": self.logs,
-            }[req.type]
-            return await handler(req, peer)
+            if req.type == "show":
+                return dict(await self.show(req, peer))
+            if req.type == "cancel":
+                return dict(await self.cancel(req, peer))
+            if req.type == "wait":
+                return dict(await self.wait(req, peer))
+            return dict(await self.logs(req, peer))
         assert isinstance(req, Simple)
         if req.type == "ping":
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
@@ -166,7 +177,7 @@ class Api:
             for argv in req.argvs
         ]
 
-    async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
+    async def submit(self, req: Submit, peer: Peer) -> SubmitReply:
         self.access.may_submit(peer)
         if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
@@ -174,7 +185,7 @@ class Api:
         await self._check_after(req.options.after)
         specs = self.specs(req, peer)
         if req.options.dry_run:
-            out = []
+            out: list[JobJson] = []
             for spec in specs:
                 await self.book.load(spec.mem_key)
                 job = Job(id=0, spec=spec)
@@ -198,7 +209,7 @@ class Api:
 
     # ---- reading --------------------------------------------------------------------
 
-    def job_view(self, job: Job) -> dict[str, Any]:
+    def job_view(self, job: Job) -> JobJson:
         return views.job_json(job, host_memory=self.book.projection(job.spec))
 
     async def _job(self, job_id: int) -> Job:
@@ -207,10 +218,10 @@ class Api:
             raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
         return job
 
-    async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
+    async def list(self, req: ListJobs, peer: Peer) -> ListReply:
         rows = await self.store.list_jobs(req.states, req.limit, req.before_id)
         admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
-        out = []
+        out: list[JobJson | PublicJobJson] = []
         for row in rows:
             job = self.table.jobs.get(row.id, row)
             full = self.job_view(job)
@@ -218,7 +229,7 @@ class Api:
             out.append(full if mine else views.public_view(full))
         return {"ok": True, "jobs": out}
 
-    async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def show(self, req: JobRef, peer: Peer) -> ShowReply:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
@@ -240,17 +251,18 @@ class Api:
             job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )
         live = self.live_rss(job.id)
-        if live is not None and obj["attempts"]:  # the running attempt's figures so far
-            obj["attempts"][-1]["rss_mb"], peak = live
-            obj["attempts"][-1]["peak_rss_mb"] = peak or None
+        shown = obj.get("attempts")
+        if live is not None and shown:  # the running attempt's figures so far
+            shown[-1]["rss_mb"], peak = live
+            shown[-1]["peak_rss_mb"] = peak or None
         return {"ok": True, "job": obj}
 
-    async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def cancel(self, req: JobRef, peer: Peer) -> CancelReply:
         for job_id in req.ids:  # all allowed, or nothing is cancelled
             job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
             if job is not None and not self.access.may_act(peer, job):
                 raise forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
-        results = []
+        results: list[CancelResult] = []
         for job_id in req.ids:
             try:
                 job = await self._job(job_id)
@@ -263,12 +275,14 @@ class Api:
             await self.engine.do(Cancel(job_id))
             # Cancelled only when nothing of the job will run; else its attempt is
             # being stopped, and it ends cancelled all the same.
-            state = "cancelling" if job_id in self.table.jobs else "cancelled"
-            results.append({"id": job_id, "ok": True, "state": state})
+            running = job_id in self.table.jobs
+            results.append(
+                {"id": job_id, "ok": True, "state": "cancelling" if running else "cancelled"}
+            )
         return {"ok": True, "results": results}
 
-    async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        done: list[dict[str, Any]] = []
+    async def wait(self, req: JobRef, peer: Peer) -> WaitReply:
+        done: list[JobJson | PublicJobJson] = []
         with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
             for job_id in req.ids:
                 job = await self._job(job_id)
@@ -282,7 +296,7 @@ class Api:
             return {"ok": True, "jobs": done, "timed_out": False}
         return {"ok": True, "jobs": done, "timed_out": True}
 
-    async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def logs(self, req: JobRef, peer: Peer) -> LogsReply:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"logs of job {job.id}")

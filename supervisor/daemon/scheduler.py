@@ -16,7 +16,7 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.commands import Changed, Dispatch
-from supervisor.core.jobqueue import DEVICE_HOLD, Key, kind_of, used_before
+from supervisor.core.jobqueue import Key, used_before
 from supervisor.core.jobs import JobState
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
@@ -48,9 +48,8 @@ class Dispatcher:
         self.engine = engine
         self.table = engine.table
         self.book = book
-        self.cards = cards
-        self.rss_mb = rss_mb
-        self.uuids_of = uuids_of
+        # What the loop reads of other parts: the cards, a job's RSS, the cards' UUIDs.
+        self.cards, self.rss_mb, self.uuids_of = cards, rss_mb, uuids_of
         self.beat = beat
         self.wake = anyio.Event()
         self.draining = False
@@ -125,29 +124,15 @@ class Dispatcher:
         now_wall, now, cards = time.time(), time.monotonic(), self.cards_now()
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()
-        full = {kind for kind, n in free.items() if n <= 0}
         plan = self._plan(cards, free, now, now_wall)
         if plan.starts or plan.holds:
             projections = {
                 s.job_id: self.book.projection(self.table.jobs[s.job_id].spec) for s in plan.starts
             }
             uuids = {s.job_id: self.uuids_of(s.gpus) for s in plan.starts}
-            await self.engine.do(Dispatch(plan.starts, plan.holds, projections, uuids))
-        self._settle(plan.holds, full)
+            full = frozenset(kind for kind, n in free.items() if n <= 0)
+            await self.engine.do(Dispatch(plan.starts, plan.holds, projections, uuids, full))
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
-
-    def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
-        """Settle jobs held for their kind of device while none of it was free: in a pass
-        that began so, or (needing one unit) in one that used the last unit up."""
-        settle = []
-        for hold in holds:
-            job = self.table.jobs.get(hold.job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                continue
-            kind = kind_of(job)
-            if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
-                settle.append(job)
-        self.table.queue.settle(settle, self.table.held_since)
 
     def _plan(
         self, cards: list[admission.Card], free: dict[str, int], now: float, now_wall: float
