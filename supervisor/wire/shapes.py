@@ -36,6 +36,7 @@ class SubmitRequest(TypedDict, total=False):
     stall_timeout_s: float
     priority: int
     after: list[int]
+    share: bool
     dry_run: bool
     version: int
 
@@ -95,6 +96,7 @@ class AttemptJson(TypedDict):
     signal: int | None
     reason: str | None
     peak_rss_mb: int | None
+    peak_vram_mb: int | None
     evidence: dict[str, Any] | None
     rss_mb: NotRequired[int]  # a running attempt's tree now
 
@@ -121,6 +123,7 @@ class JobJson(TypedDict):
     vram_mb: int | None
     mem_mb: int | None
     mem_scale: float | None
+    share: bool  # may share its one card with other shared jobs
     submitted_at: str
     started_at: str | None
     ended_at: str | None
