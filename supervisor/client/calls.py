@@ -30,8 +30,10 @@ def submit(client: Client, request: SubmitRequest) -> SubmitReply:
     return cast("SubmitReply", _call(client, request))
 
 
-def list_jobs(client: Client, states: list[str], limit: int) -> ListReply:
+def list_jobs(client: Client, states: list[str], limit: int, array: int | None) -> ListReply:
     request: ListRequest = {"type": "list", "states": states, "limit": limit}
+    if array is not None:
+        request["array"] = array
     return cast("ListReply", _call(client, request))
 
 

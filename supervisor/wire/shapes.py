@@ -55,6 +55,7 @@ class ListRequest(TypedDict, total=False):
     states: list[str] | None
     limit: int
     before_id: int
+    array: int
     version: int
 
 
@@ -124,6 +125,9 @@ class JobJson(TypedDict):
     mem_mb: int | None
     mem_scale: float | None
     share: bool  # may share its one card with other shared jobs
+    array_id: int | None
+    array_index: int | None
+    max_running: int | None
     submitted_at: str
     started_at: str | None
     ended_at: str | None
