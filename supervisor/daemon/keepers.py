@@ -1,0 +1,332 @@
+"""gpusvd's side of the keepers: start them, spawn through them, take their jobs back.
+
+One `Keeper` per keeper directory (`<state>/keepers/<name>`), one connection each,
+attached: a newer gpusvd's attach closes an older one's connection, and every exit is
+pushed to us once it is on the keeper's disk. `KeptProcess` offers what
+`runner.ProcessHandle` offers (pid, start time, wait, kill), so the runner's callers
+swap one for the other; the processes are the keeper's children, never ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import structlog
+from anyio.abc import SocketStream, TaskGroup
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from supervisor.core.jobs import ExitStatus
+from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.keeper.client import Connection, KeeperError, launch
+from supervisor.keeper.journal import Key, Record, record_from
+
+log = structlog.get_logger("gpusvd.keepers")
+
+MAX_LINE = 64 * 1024 * 1024  # `list` of a keeper with many unacknowledged records
+
+
+class KeeperGone(Exception):
+    """The keeper's connection closed: it died, or a newer gpusvd attached."""
+
+
+def exit_status(record: Record) -> ExitStatus | None:
+    """The leader's status as the runner reports it; None for a `lost` record."""
+    if record.wait_status is not None:
+        return ExitStatus.from_wait_status(record.wait_status)
+    return None
+
+
+@dataclass
+class KeptProcess:
+    """A job's leader, kept by a keeper: ProcessHandle's shape, over the keeper's socket.
+
+    The synchronous methods (tree, signal_tree, kill_tree) serve callers on worker and
+    abort threads, as ProcessHandle's do: they read the job's cgroup themselves, and a
+    kill opens a connection of its own."""
+
+    keeper: Keeper
+    record: Record
+    ended: Record | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    @property
+    def start_time(self) -> float:
+        return self.record.started_at
+
+    @property
+    def key(self) -> Key:
+        return self.record.key
+
+    @property
+    def known(self) -> dict[int, psutil.Process]:
+        """The job's processes as its cgroup lists them (the sampler's seeds)."""
+        return {proc.pid: proc for proc in self.tree()}
+
+    @property
+    def leader(self) -> psutil.Process | None:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.start_time) < 1.0:
+                return proc
+        return None
+
+    def pids_now(self) -> list[int]:
+        """From cgroup.procs (v2, else v1 memory): no /proc scan, no escape."""
+        for path in (self.record.cgroup, self.record.memcg):
+            if path:
+                try:
+                    return [int(p) for p in Path(path, "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+        leader = self.leader
+        if leader is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [self.pid, *(c.pid for c in leader.children(recursive=True))]
+        return []
+
+    def tree(self, table: object = None) -> list[psutil.Process]:
+        procs = []
+        for pid in self.pids_now():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    procs.append(proc)
+        return procs
+
+    def remember(self, pids: object) -> None:
+        """The cgroup remembers for us."""
+
+    def signal_tree(self, sig: int) -> None:
+        for pid in self.pids_now():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def kill_tree(self, grace_s: float) -> None:
+        """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
+        returns once every process of the job is gone (the keeper answers then)."""
+        try:
+            with Connection(self.keeper.home / "sock", timeout_s=None) as conn:
+                conn.call("kill", job=self.key[0], attempt=self.key[1], grace_s=grace_s)
+        except (OSError, ConnectionError, KeeperError) as exc:
+            log.warning("kill through the keeper failed", job_id=self.key[0], error=repr(exc))
+            self.signal_tree(signal.SIGKILL)
+
+    async def wait(self) -> ExitStatus | None:
+        """The leader's status once its end is on the keeper's disk; None when the keeper
+        found it orphaned (`lost`: killed, true status unknown). Raises KeeperGone if the
+        keeper dies first."""
+        self.ended = await self.keeper.ended(self.key)
+        return exit_status(self.ended)
+
+    async def kill(self, grace_s: float) -> None:
+        await self.keeper.call("kill", job=self.key[0], attempt=self.key[1], grace_s=grace_s)
+
+    async def pids(self) -> list[int]:
+        answer = await self.keeper.call("procs", job=self.key[0], attempt=self.key[1])
+        return [int(pid) for pid in answer["pids"]]
+
+    async def memory(self) -> tuple[int | None, int | None]:
+        """(peak bytes, OOM kills) from the job's own cgroup: the kernel's figures."""
+        answer = await self.keeper.call("memory", job=self.key[0], attempt=self.key[1])
+        return answer["peak_bytes"], answer["oom_kills"]
+
+    async def ack(self) -> None:
+        """The end is committed: the keeper may forget the record and the cgroups."""
+        await self.keeper.call("ack", job=self.key[0], attempt=self.key[1])
+
+
+@dataclass
+class Keeper:
+    name: str
+    home: Path
+    stream: SocketStream
+    pid: int = 0
+    _next: int = 0
+    _replies: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = field(default_factory=dict)
+    _ended: dict[Key, Record] = field(default_factory=dict)
+    _waiting: dict[Key, anyio.Event] = field(default_factory=dict)
+    _send_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    gone: bool = False
+
+    async def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        if self.gone:
+            raise KeeperGone(f"keeper {self.name} is gone")
+        self._next += 1
+        rid, done = self._next, anyio.Event()
+        box: list[dict[str, Any]] = []
+        self._replies[rid] = (done, box)
+        line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
+        try:
+            async with self._send_lock:
+                await self.stream.send(line.encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._replies.pop(rid, None)
+            raise KeeperGone(f"keeper {self.name}: {exc!r}") from None
+        await done.wait()
+        if not box:
+            raise KeeperGone(f"keeper {self.name} went away before it answered")
+        answer: dict[str, Any] = box[0]
+        if not answer.get("ok"):
+            error = answer.get("error") or {}
+            raise KeeperError(str(error.get("code")), str(error.get("message")))
+        return answer
+
+    async def ended(self, key: Key) -> Record:
+        while key not in self._ended:
+            if self.gone:
+                raise KeeperGone(f"keeper {self.name} is gone")
+            event = self._waiting.setdefault(key, anyio.Event())
+            await event.wait()
+        return self._ended.pop(key)
+
+    def _exited(self, record: Record) -> None:
+        self._ended[record.key] = record
+        event = self._waiting.pop(record.key, None)
+        if event is not None:
+            event.set()
+
+    async def read_loop(self) -> None:
+        reader = BufferedByteReceiveStream(self.stream)
+        try:
+            while True:
+                line = await reader.receive_until(b"\n", MAX_LINE)
+                self._dispatch(json.loads(line))
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+            pass
+        except anyio.ClosedResourceError:
+            pass
+        finally:
+            self._lost()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        if message.get("event") == "exit":
+            self._exited(record_from(message["job"]))
+            return
+        slot = self._replies.pop(message.get("id", -1), None)
+        if slot is not None:
+            slot[1].append(message)
+            slot[0].set()
+
+    def _lost(self) -> None:
+        self.gone = True
+        for done, _ in self._replies.values():
+            done.set()
+        self._replies.clear()
+        for event in self._waiting.values():
+            event.set()
+
+
+class Keepers:
+    """The keepers of one state dir, used inside `async with`: each connection's reader
+    runs in this object's own task group."""
+
+    def __init__(
+        self, state_dir: Path, cgroup2: Path | None = None, memcg: Path | None = None
+    ) -> None:
+        self.root = state_dir / "keepers"
+        self.cgroup2, self.memcg = cgroup2, memcg
+        self.keepers: dict[str, Keeper] = {}
+        self._tg: TaskGroup | None = None
+        self._lock = anyio.Lock()
+
+    async def __aenter__(self) -> Keepers:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        assert self._tg is not None
+        for keeper in self.keepers.values():
+            await keeper.stream.aclose()
+        return await self._tg.__aexit__(*exc)
+
+    def home(self, name: str) -> Path:
+        return self.root / name
+
+    def roots(self, name: str) -> tuple[Path | None, Path | None]:
+        """Each keeper's own cgroup roots: a keeper that starts kills strays in its roots,
+        so no two keepers may share one."""
+        return (
+            None if self.cgroup2 is None else self.cgroup2 / f"keeper-{name}",
+            None if self.memcg is None else self.memcg / f"keeper-{name}",
+        )
+
+    async def ensure(self, name: str) -> tuple[Keeper, list[Record]]:
+        """The named keeper, started if none serves its directory, attached; with every
+        record it holds (running, and ended but not yet acknowledged)."""
+        async with self._lock:
+            keeper = self.keepers.get(name)
+            if keeper is not None and not keeper.gone:
+                return keeper, []
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            home = self.home(name)
+            v2, v1 = self.roots(name)
+            await anyio.to_thread.run_sync(launch, home, v2, v1)
+            stream = await anyio.connect_unix(home / "sock")
+            keeper = Keeper(name, home, stream)
+            assert self._tg is not None
+            self._tg.start_soon(keeper.read_loop)
+            answer = await keeper.call("attach")
+            keeper.pid = int(answer["pid"])
+            records = [record_from(r) for r in answer["jobs"]]
+            for record in records:
+                if record.ended:
+                    keeper._exited(record)
+            self.keepers[name] = keeper
+            log.info("keeper attached", keeper=name, pid=keeper.pid, records=len(records))
+            return keeper, records
+
+    async def spawn(
+        self, name: str, spec: LaunchSpec, *, mem_max: int | None = None
+    ) -> KeptProcess:
+        """Start the job through the named keeper. Raises SpawnError with a readable reason
+        (including when no keeper can be started)."""
+        try:
+            keeper, _ = await self.ensure(name)
+            answer = await keeper.call("spawn", **_spawn_fields(spec, mem_max))
+        except KeeperError as exc:
+            raise SpawnError(exc.message if exc.code == "spawn" else str(exc)) from None
+        except (KeeperGone, OSError) as exc:
+            raise SpawnError(f"keeper {name} unavailable: {exc}") from None
+        return KeptProcess(keeper, record_from(answer["job"]))
+
+    def adopt(self, keeper: Keeper, record: Record) -> KeptProcess:
+        """A record from `ensure` (a job started by an earlier gpusvd) as a process."""
+        return KeptProcess(keeper, record)
+
+    async def shutdown_idle(self) -> None:
+        """Let every keeper that keeps nothing exit (after a drain)."""
+        for keeper in list(self.keepers.values()):
+            try:
+                await keeper.call("shutdown")
+            except (KeeperError, KeeperGone):
+                continue
+
+
+def _spawn_fields(spec: LaunchSpec, mem_max: int | None) -> dict[str, Any]:
+    return {
+        "job": spec.job_id,
+        "attempt": spec.attempt,
+        "argv": list(spec.argv),
+        "cwd": spec.cwd,
+        "env": spec.env,
+        "stdout": str(spec.stdout),
+        "stderr": str(spec.stderr),
+        "uid": spec.uid,
+        "gid": spec.gid,
+        "groups": None if spec.groups is None else list(spec.groups),
+        "oom_score_adj": spec.oom_score_adj,
+        "mem_max": mem_max,
+    }

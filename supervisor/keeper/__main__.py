@@ -1,0 +1,88 @@
+"""`python -m supervisor.keeper DIR [--cgroup2 PATH] [--memcg PATH] [--detach]`
+
+DIR is the keeper's own directory (0700): its lock, journal, socket and log. With
+--detach the process forks once it listens, and the parent exits 0: whoever started it
+knows then that the socket answers. Exit 3: another keeper holds DIR (it serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import os
+import socket
+import sys
+from pathlib import Path
+
+from .cgroup import Roots
+from .jobs import Jobs
+from .journal import Journal
+from .server import Server, log_line
+
+PR_SET_CHILD_SUBREAPER = 36
+EXIT_HELD = 3
+
+
+def become_subreaper() -> bool:
+    """Orphans of our jobs come back to us, not to init: reaped at once, never zombies
+    under someone else, and still ours to find where there is no cgroup."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _listen(path: Path) -> socket.socket:
+    path.unlink(missing_ok=True)  # we hold the lock: any socket file here is stale
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m supervisor.keeper")
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--cgroup2", type=Path, help="make each job's unified cgroup here")
+    parser.add_argument("--memcg", type=Path, help="make each job's v1 memory cgroup here")
+    parser.add_argument("--detach", action="store_true")
+    args = parser.parse_args(argv)
+    home: Path = args.dir
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return EXIT_HELD
+    for root in (args.cgroup2, args.memcg):
+        if root is not None:
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                log_line(f"cannot make cgroup root {root}: {exc.strerror}")
+    roots = Roots(args.cgroup2, args.memcg)
+    if not become_subreaper():
+        log_line("cannot become a child subreaper: orphans of jobs go to init")
+    jobs = Jobs(Journal(home / "journal"), roots, log_line)
+    jobs.take_over()
+    listener = _listen(home / "sock")
+    if args.detach and os.fork() != 0:
+        os._exit(0)  # the caller's wait ends here: the socket already listens
+    if args.detach:
+        os.setsid()
+        become_subreaper()  # a fork does not inherit it
+    log_line(f"serving {home} (cgroup2 {roots.v2}, memcg {roots.memcg})")
+    Server(jobs, listener, log_line).serve()
+    (home / "sock").unlink(missing_ok=True)
+    log_line("no jobs left to keep: exiting")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""One cgroup per job: made by the keeper before the job's command runs.
+
+A job may get two: a unified (v2) cgroup, for membership (`cgroup.procs`), an atomic
+`cgroup.kill` and, where v2 has the memory controller, `memory.peak`, `memory.events`
+and `memory.oom.group`; and a v1 memory cgroup where v1 holds the memory controller,
+for `memory.max_usage_in_bytes` and `memory.oom_control`. The path is a function of the
+attempt alone (`job-<id>-<attempt>` under each root), so whoever knows the attempt can
+find its processes: they cannot leave a cgroup by clearing their environment or by
+calling setsid. Where neither kind can be made, the keeper falls back to the process
+tree (the session, and the children that /proc lists for each process), and says so
+once in its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Roots:
+    """Where job cgroups are made: directories the keeper may create children in."""
+
+    v2: Path | None = None
+    memcg: Path | None = None
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The cgroups of one job; None where that kind could not be made."""
+
+    v2: Path | None = None
+    memcg: Path | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.v2 is not None or self.memcg is not None
+
+
+def name(job: int, attempt: int) -> str:
+    return f"job-{job}-{attempt}"
+
+
+def make(
+    roots: Roots, job: int, attempt: int, mem_max: int | None, warn: Callable[[str], None]
+) -> Groups:
+    """The job's cgroups, empty and configured. A directory that exists already is left
+    from a start whose keeper died before the command could run: what is in it dies."""
+    made: list[Path | None] = []
+    for root in (roots.v2, roots.memcg):
+        path = None if root is None else root / name(job, attempt)
+        if path is not None:
+            try:
+                path.mkdir()
+            except FileExistsError:
+                if not empty_out(path):
+                    warn(f"cgroup {path} cannot be emptied; this job runs without it")
+                    path = None
+            except OSError as exc:
+                warn(f"cannot make cgroup {path}: {exc.strerror}; jobs run without it")
+                path = None
+        made.append(path)
+    groups = Groups(made[0], made[1])
+    _configure(groups, mem_max)
+    return groups
+
+
+def _configure(groups: Groups, mem_max: int | None) -> None:
+    if groups.v2 is not None and os.path.exists(f"{groups.v2}/memory.max"):
+        # Where the kernel OOM-kills inside the job, the whole job goes, not a part of it.
+        _write(groups.v2 / "memory.oom.group", "1")
+        if mem_max is not None:
+            _write(groups.v2 / "memory.max", str(mem_max))
+    elif groups.memcg is not None and mem_max is not None:
+        _write(groups.memcg / "memory.limit_in_bytes", str(mem_max))
+
+
+def join_fds(groups: Groups) -> list[int]:
+    """Descriptors of the groups' cgroup.procs, opened before the fork: the child joins by
+    writing "0" (itself) to each, before it drops its privileges and before it execs."""
+    fds: list[int] = []
+    for path in (groups.v2, groups.memcg):
+        if path is not None:
+            fds.append(os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+    return fds
+
+
+def pids(groups: Groups) -> list[int]:
+    for path in (groups.v2, groups.memcg):
+        if path is not None:
+            try:
+                return [int(line) for line in _read(f"{path}/cgroup.procs").split()]
+            except ValueError:
+                continue
+    return []
+
+
+def signal_all(groups: Groups, sig: int) -> int:
+    """Send `sig` to every process of the job; how many there were."""
+    found = pids(groups)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return len(found)
+
+
+def kill_all(groups: Groups) -> None:
+    """SIGKILL the whole job: v2's cgroup.kill is atomic against forks; otherwise each
+    process in cgroup.procs, which the caller repeats until the group is empty."""
+    if groups.v2 is not None:
+        try:
+            _write(f"{groups.v2}/cgroup.kill", "1")
+            return
+        except OSError:
+            pass  # before Linux 5.14: one process at a time
+    signal_all(groups, signal.SIGKILL)
+
+
+def empty_out(path: Path, timeout_s: float = 5.0) -> bool:
+    """Kill what a cgroup holds and wait until it is empty."""
+    groups = Groups(v2=path)
+    deadline = time.monotonic() + timeout_s
+    while pids(groups):
+        if time.monotonic() > deadline:
+            return False
+        kill_all(groups)
+        time.sleep(0.01)
+    return True
+
+
+def memory(groups: Groups) -> tuple[int | None, int | None]:
+    """(peak bytes, OOM kills) of the job: the kernel's own counts for its cgroup."""
+    peak = oom = None
+    for path, peak_file, oom_file in (
+        (groups.v2, "memory.peak", "memory.events"),
+        (groups.memcg, "memory.max_usage_in_bytes", "memory.oom_control"),
+    ):
+        if path is None:
+            continue
+        text = _read(f"{path}/{peak_file}").strip()
+        if peak is None and text.isdigit():
+            peak = int(text)
+        count = parse_oom_kill(_read(f"{path}/{oom_file}"))
+        if oom is None and count is not None:
+            oom = count
+    return peak, oom
+
+
+def parse_oom_kill(text: str) -> int | None:
+    """The `oom_kill N` count of a v2 memory.events or a v1 memory.oom_control text."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def remove(groups: Groups) -> bool:
+    """Remove the job's cgroups; False while a process is still in one (EBUSY)."""
+    done = True
+    for path in (groups.v2, groups.memcg):
+        if path is None:
+            continue
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            done = False
+    return done
+
+
+def tree_pids(leader: int) -> list[int]:
+    """The fallback without a cgroup: the leader's descendants, from the children lists
+    that /proc keeps per thread (no scan of every process on the host)."""
+    found: list[int] = []
+    stack = [leader]
+    while stack:
+        pid = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            for child in _read(f"/proc/{pid}/task/{tid}/children").split():
+                if int(child) not in found:
+                    found.append(int(child))
+                    stack.append(int(child))
+    return found
+
+
+def _read(path: str | Path) -> str:
+    """A small kernel file in one read (cheaper than open().read() on the spawn path)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 65536).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _write(path: str | Path, text: str) -> None:
+    # One write() per value: cgroup files take a whole value per write call.
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)

@@ -1,0 +1,119 @@
+"""Starting a keeper, and a small blocking client for its socket.
+
+gpusvd's own client is asynchronous (supervisor.daemon.keepers); this one serves tools,
+the benchmark and tests, and holds the wire format's two rules: one JSON object a line,
+replies matched to requests by `id`, events (`"event"` set) in between.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+EXIT_HELD = 3  # another keeper holds the directory: it serves
+
+
+class KeeperError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def launch_argv(
+    home: Path, cgroup2: Path | None = None, memcg: Path | None = None, python: str = ""
+) -> list[str]:
+    argv = [python or sys.executable, "-m", "supervisor.keeper", str(home), "--detach"]
+    if cgroup2 is not None:
+        argv += ["--cgroup2", str(cgroup2)]
+    if memcg is not None:
+        argv += ["--memcg", str(memcg)]
+    return argv
+
+
+def launch(home: Path, cgroup2: Path | None = None, memcg: Path | None = None) -> None:
+    """Start a keeper for `home` unless one serves it; return once its socket listens.
+    It runs in a session of its own and is nobody's child once started: it outlives us."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(home / "log", "ab") as log:
+        done = subprocess.run(
+            launch_argv(home, cgroup2, memcg),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            check=False,
+        )
+    if done.returncode not in (0, EXIT_HELD):
+        raise KeeperError("start", f"keeper exited {done.returncode}; see {home / 'log'}")
+
+
+class Connection:
+    """One blocking connection; events that arrive before a reply wait in `events`."""
+
+    def __init__(self, path: Path, timeout_s: float | None = 30.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(str(path))
+        self.reader = self.sock.makefile("rb")
+        self.events: deque[dict[str, Any]] = deque()
+        self._next = 0
+
+    def send(self, op: str, **fields: Any) -> int:
+        self._next += 1
+        self.sock.sendall(_line({"id": self._next, "op": op, **fields}))
+        return self._next
+
+    def receive(self) -> dict[str, Any]:
+        line = self.reader.readline()
+        if not line:
+            raise ConnectionError("the keeper closed the connection")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def reply(self, rid: int) -> dict[str, Any]:
+        while True:
+            message = self.receive()
+            if "event" in message:
+                self.events.append(message)
+            elif message.get("id") == rid:
+                return message
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply; raise KeeperError on an error."""
+        answer = self.reply(self.send(op, **fields))
+        if not answer.get("ok"):
+            error = answer.get("error") or {}
+            raise KeeperError(error.get("code", "?"), error.get("message", ""))
+        return answer
+
+    def event(self) -> dict[str, Any]:
+        return self.events.popleft() if self.events else self.receive()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def pid_of(home: Path) -> int | None:
+    """The keeper serving `home`, from a ping; None when none answers."""
+    try:
+        with Connection(home / "sock", timeout_s=5.0) as conn:
+            return int(conn.call("ping")["pid"])
+    except (OSError, KeeperError, ValueError):
+        return None

@@ -1,0 +1,331 @@
+"""The keeper's jobs: start, reap, kill, forget: everything but the socket.
+
+Durability rule: what another party could act on is synced first. A job's command runs
+only after its start record is synced (the gate); an exit is reported only after its
+record is synced; an acknowledgement is answered only after the record is gone from the
+journal. `after_sync` holds what waits for the next sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import cgroup, spawn
+from .journal import Journal, Key, Record
+
+Reply = Callable[[dict[str, Any]], None]  # answers one request (ok fields or an error)
+KILL_POLL_S = 0.02
+
+
+class Refused(Exception):
+    """A request refused for a reason the caller can act on: (code, message)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Live:
+    """What the keeper holds for a started job while its leader runs."""
+
+    pidfd: int
+    status_fd: int | None  # until exec's outcome is known
+    spawn_reply: Reply | None
+    error: str = ""
+
+
+@dataclass
+class Killing:
+    deadline: float
+    waiters: list[Reply] = field(default_factory=list)
+
+
+class Jobs:
+    def __init__(self, journal: Journal, roots: cgroup.Roots, log: Callable[[str], None]) -> None:
+        self.journal = journal
+        self.roots = roots
+        self.log = log
+        self.live: dict[Key, Live] = {}
+        self.killing: dict[Key, Killing] = {}
+        self.removing: dict[Key, cgroup.Groups] = {}  # acknowledged; cgroups not yet gone
+        self.after_sync: list[Callable[[], None]] = []
+        self.on_exit: Callable[[Record], None] = lambda record: None
+        self.unwatch: Callable[[int], None] = lambda fd: None  # before a watched fd closes
+        self._warned: set[str] = set()
+
+    def warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            self.log(message)
+
+    @staticmethod
+    def groups(record: Record) -> cgroup.Groups:
+        return cgroup.Groups(
+            Path(record.cgroup) if record.cgroup else None,
+            Path(record.memcg) if record.memcg else None,
+        )
+
+    # -- start ------------------------------------------------------------------------
+
+    def spawn(self, spec: spawn.Spec, reply: Reply) -> Live:
+        key = (spec.job, spec.attempt)
+        if key in self.journal.records:
+            raise Refused("exists", f"job {spec.job} attempt {spec.attempt} was started already")
+        groups = cgroup.make(self.roots, spec.job, spec.attempt, spec.mem_max, self.warn_once)
+        if not groups.any:
+            self.warn_once("no cgroup for jobs: their processes are found through the tree")
+        try:
+            forked = spawn.fork(spec, groups)
+        except OSError as exc:
+            cgroup.remove(groups)
+            raise Refused("spawn", _open_failure(exc)) from None
+        record = Record(
+            spec.job,
+            spec.attempt,
+            forked.pid,
+            spawn.start_ticks(forked.pid) or 0,
+            time.time(),
+            str(groups.v2) if groups.v2 else None,
+            str(groups.memcg) if groups.memcg else None,
+        )
+        self.journal.append("start", record)
+        live = Live(os.pidfd_open(forked.pid), forked.status, reply)
+        self.live[key] = live
+        gate = forked.gate
+
+        def open_gate() -> None:
+            try:
+                os.write(gate, spawn.GO)
+            except BrokenPipeError:
+                pass  # the child failed its setup and is gone: its exit says why
+            finally:
+                os.close(gate)
+
+        self.after_sync.append(open_gate)
+        return live
+
+    def exec_outcome(self, key: Key) -> None:
+        """The status pipe is readable: EOF means the command runs; text says why not."""
+        live = self.live[key]
+        assert live.status_fd is not None
+        data = os.read(live.status_fd, 4096)
+        self.unwatch(live.status_fd)
+        os.close(live.status_fd)
+        live.status_fd = None
+        if data:  # answered once the child's exit is on disk: see reap()
+            live.error = data.decode(errors="replace")
+        elif live.spawn_reply is not None:
+            live.spawn_reply({"job": self.journal.records[key].to_json()})
+            live.spawn_reply = None
+
+    # -- exit -------------------------------------------------------------------------
+
+    def reap(self, key: Key) -> bool:
+        """Collect the leader's status if it exited; True if it did."""
+        record, live = self.journal.records[key], self.live[key]
+        try:
+            pid, status = os.waitpid(record.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = record.pid, -1  # reaped elsewhere: should not happen
+        if pid == 0:
+            return False
+        if live.status_fd is not None:
+            self.exec_outcome(key)  # the pipe is closed or holds the reason by now
+        self.unwatch(live.pidfd)
+        os.close(live.pidfd)
+        del self.live[key]
+        groups = self.groups(record)
+        peak, oom = cgroup.memory(groups)
+        code = os.WEXITSTATUS(status) if status >= 0 and os.WIFEXITED(status) else None
+        sig = os.WTERMSIG(status) if status >= 0 and os.WIFSIGNALED(status) else None
+        self.journal.append(
+            "exit",
+            record,
+            ended_at=time.time(),
+            wait_status=status if status >= 0 else None,
+            exit_code=code,
+            signal=sig,
+            error=live.error or None,
+            peak_bytes=peak,
+            oom_kills=oom,
+            leftovers=len(cgroup.pids(groups)),
+        )
+        reply, error = live.spawn_reply, live.error
+        if reply is not None and error:
+            self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
+        self.after_sync.append(lambda: self.on_exit(record))
+        return True
+
+    def reap_orphans(self) -> None:
+        """SIGCHLD: collect every exited child at once, leaders through reap(); the rest
+        are orphans of jobs that were re-parented to us (we are a subreaper)."""
+        leaders = {self.journal.records[key].pid: key for key in self.live}
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0:
+                return
+            if info.si_pid in leaders:
+                self.reap(leaders.pop(info.si_pid))
+            else:
+                os.waitpid(info.si_pid, os.WNOHANG)
+
+    # -- kill -------------------------------------------------------------------------
+
+    def kill(self, key: Key, grace_s: float, reply: Reply) -> None:
+        """SIGTERM with SIGCONT (a stopped process would sit on SIGTERM through the whole
+        grace), SIGKILL to whatever is left at the deadline; answered once all are gone."""
+        record = self._known(key)
+        if self._gone(record):
+            reply({})
+            return
+        killing = self.killing.get(key)
+        if killing is None:
+            killing = self.killing[key] = Killing(time.monotonic() + grace_s)
+            self._signal(record, signal.SIGTERM)
+            self._signal(record, signal.SIGCONT)
+        killing.deadline = min(killing.deadline, time.monotonic() + grace_s)
+        killing.waiters.append(reply)
+        self.tick()
+
+    def _signal(self, record: Record, sig: int) -> None:
+        groups = self.groups(record)
+        if not record.ended:  # the session id is the leader's pid only while it lives
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, sig)
+        pids = cgroup.pids(groups) if groups.any else cgroup.tree_pids(record.pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _gone(self, record: Record) -> bool:
+        groups = self.groups(record)
+        if groups.any:
+            return record.ended and not cgroup.pids(groups)
+        return record.ended
+
+    def tick(self) -> float | None:
+        """Deadlines due now; the seconds until the next one, None when none waits."""
+        now = time.monotonic()
+        for key, killing in list(self.killing.items()):
+            record = self.journal.records.get(key)
+            if record is None or self._gone(record):
+                del self.killing[key]
+                for reply in killing.waiters:
+                    reply({})
+            elif now >= killing.deadline:
+                groups = self.groups(record)
+                if groups.any:
+                    cgroup.kill_all(groups)
+                else:
+                    self._signal(record, signal.SIGKILL)
+        for key, groups in list(self.removing.items()):
+            if self._remove(groups):
+                del self.removing[key]
+        if self.removing:
+            return KILL_POLL_S
+        if self.killing:
+            return max(0.0, min(min(k.deadline for k in self.killing.values()) - now, KILL_POLL_S))
+        return None
+
+    # -- acknowledge ------------------------------------------------------------------
+
+    def ack(self, key: Key, reply: Reply) -> None:
+        record = self._known(key)
+        if not record.ended:
+            raise Refused("running", f"job {key[0]} attempt {key[1]} has not ended")
+        self.journal.append("ack", record)
+        self.after_sync.append(lambda: reply({}))
+        self.removing[key] = self.groups(record)
+
+    @staticmethod
+    def _remove(groups: cgroup.Groups) -> bool:
+        if cgroup.pids(groups):  # the attempt is over: nothing of it may run on
+            cgroup.kill_all(groups)
+            return False
+        return cgroup.remove(groups)
+
+    # -- a running job's processes -------------------------------------------------
+
+    def procs(self, key: Key) -> list[int]:
+        record = self._known(key)
+        groups = self.groups(record)
+        if groups.any:
+            return cgroup.pids(groups)
+        alive = not record.ended and spawn.start_ticks(record.pid) == record.start_ticks
+        return ([record.pid] if alive else []) + cgroup.tree_pids(record.pid)
+
+    def memory(self, key: Key) -> tuple[int | None, int | None]:
+        return cgroup.memory(self.groups(self._known(key)))
+
+    def set_oom_score_adj(self, key: Key, value: int) -> list[str]:
+        """Every process of the job, not only the leader: the kernel ranks each alone."""
+        failures = []
+        for pid in self.procs(key):
+            try:
+                fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, str(value).encode())
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                if not isinstance(exc, ProcessLookupError | FileNotFoundError):
+                    failures.append(f"pid {pid}: {exc.strerror}")
+        return failures
+
+    def _known(self, key: Key) -> Record:
+        record = self.journal.records.get(key)
+        if record is None:
+            raise Refused("unknown", f"job {key[0]} attempt {key[1]} is not known here")
+        return record
+
+    # -- orphans of a keeper that died -----------------------------------------------
+
+    def take_over(self) -> None:
+        """At start: a record with no end belongs to a keeper that died while the job ran.
+        We are not its parent and cannot learn its status: kill it, record it lost."""
+        for record in list(self.journal.records.values()):
+            if record.ended:
+                continue
+            groups = self.groups(record)
+            if groups.any:
+                for path in (groups.v2, groups.memcg):
+                    if path is not None and path.exists():
+                        cgroup.empty_out(path)
+            elif spawn.start_ticks(record.pid) == record.start_ticks:
+                self._signal(record, signal.SIGKILL)
+            peak, oom = cgroup.memory(groups)
+            self.journal.append(
+                "exit", record, ended_at=time.time(), lost=True, peak_bytes=peak, oom_kills=oom
+            )
+            self.log(f"job {record.job} attempt {record.attempt}: its keeper died; killed")
+        self._sweep_strays()
+        self.journal.sync()
+
+    def _sweep_strays(self) -> None:
+        """Cgroups with no record are left by forks whose start was never recorded: their
+        child never ran its command. Empty and remove them."""
+        known = {cgroup.name(*key) for key in self.journal.records}
+        for root in (self.roots.v2, self.roots.memcg):
+            if root is None or not root.is_dir():
+                continue
+            for path in root.glob("job-*-*"):
+                if path.is_dir() and path.name not in known:
+                    cgroup.empty_out(path)
+                    cgroup.remove(cgroup.Groups(path))
+
+
+def _open_failure(exc: OSError) -> str:
+    if exc.filename:
+        return f"cannot open {exc.filename}: {exc.strerror}"
+    return f"cannot start the job: {exc.strerror}"

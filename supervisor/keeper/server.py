@@ -1,0 +1,319 @@
+"""The keeper's loop: one thread, one selector, JSON lines over a Unix socket.
+
+Requests: {"id": N, "op": ..., ...}; each is answered {"id": N, "ok": true, ...} or
+{"id": N, "ok": false, "error": {"code", "message"}}, not always at once (a spawn is
+answered once exec's outcome is known, a kill once the job is gone). The attached
+connection also gets {"event": "exit", "job": {...}} for every exit, after its record is
+synced. A malformed line is answered with an error and logged; it never costs a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import spawn
+from .jobs import Jobs, Refused
+from .journal import Key, Record
+
+MAX_LINE = 1024 * 1024
+MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
+
+
+class Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.inbox = b""
+        self.outbox = b""
+        self.closed = False
+
+
+class Server:
+    def __init__(self, jobs: Jobs, listener: socket.socket, log: Callable[[str], None]) -> None:
+        self.jobs = jobs
+        self.listener = listener
+        self.log = log
+        self.sel = selectors.DefaultSelector()
+        self.attached: Conn | None = None
+        self.conns: set[Conn] = set()
+        self.stopping = False
+        jobs.on_exit = self._exited
+        jobs.unwatch = self._unwatch
+        listener.setblocking(False)
+        self.sel.register(listener, selectors.EVENT_READ, self._accept)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        self.sel.register(wake_r, selectors.EVENT_READ, lambda: self._sigchld(wake_r))
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        timeout = self.jobs.tick()
+        while not (self.stopping and not self._pending_output()):
+            for key, _ in self.sel.select(timeout):
+                self._guarded(key.data)
+            self._guarded(self.jobs.reap_orphans)
+            self._guarded(self._sync)
+            timeout = self.jobs.tick()
+            if self.stopping:
+                timeout = 0.01
+
+    def _guarded(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception as exc:  # a bug must not take every job's keeper with it
+            self.log(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _sync(self) -> None:
+        """Make the turn's records durable, then do what waited on them."""
+        self.jobs.journal.sync()
+        waiting, self.jobs.after_sync = self.jobs.after_sync, []
+        for action in waiting:
+            self._guarded(action)
+
+    def _sigchld(self, fd: int) -> None:
+        try:
+            while os.read(fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+        self.jobs.reap_orphans()
+
+    # -- connections ------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # EMFILE and the like: the jobs matter more than a client
+            self.log(f"accept failed: {exc.strerror}")
+            time.sleep(0.05)
+            return
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.geteuid():
+            self.log(f"refused a connection from uid {uid} (pid {pid})")
+            err = {"id": None, "ok": False, "error": _err("forbidden", "not the keeper's user")}
+            with contextlib.suppress(OSError):
+                sock.send(_line(err))
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = Conn(sock)
+        self.conns.add(conn)
+        self.sel.register(sock, selectors.EVENT_READ, lambda: self._read(conn))
+
+    def _read(self, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.inbox += data
+        while not conn.closed and b"\n" in conn.inbox:
+            line, conn.inbox = conn.inbox.split(b"\n", 1)
+            self._request(conn, line)
+        if len(conn.inbox) > MAX_LINE:
+            self.log("a request line over 1 MiB: connection closed")
+            self._send(conn, {"id": None, "ok": False, "error": _err("too_large", "line too long")})
+            self._close(conn)
+
+    def _send(self, conn: Conn, obj: dict[str, Any]) -> None:
+        if conn.closed:
+            return
+        conn.outbox += _line(obj)
+        self._flush(conn)
+
+    def _flush(self, conn: Conn) -> None:
+        try:
+            while conn.outbox:
+                sent = conn.sock.send(conn.outbox)
+                conn.outbox = conn.outbox[sent:]
+        except (BlockingIOError, InterruptedError):
+            if len(conn.outbox) > MAX_OUTBOX:
+                self.log("a client reads nothing: connection closed")
+                self._close(conn)
+                return
+        except OSError:
+            self._close(conn)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
+        self.sel.modify(conn.sock, events, lambda: self._ready(conn))
+
+    def _ready(self, conn: Conn) -> None:
+        if conn.outbox:
+            self._flush(conn)
+        if not conn.closed:
+            self._read(conn)
+
+    def _close(self, conn: Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self.conns.discard(conn)
+        if self.attached is conn:
+            self.attached = None
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _pending_output(self) -> bool:
+        return any(c.outbox for c in self.conns)
+
+    # -- requests ---------------------------------------------------------------------
+
+    def _request(self, conn: Conn, line: bytes) -> None:
+        rid: object = None
+        try:
+            msg = json.loads(line)
+            if not isinstance(msg, dict):
+                raise spawn.BadRequest("a request is a JSON object")
+            rid = msg.get("id")
+            if not (rid is None or type(rid) is int):
+                raise spawn.BadRequest("id: an integer")
+            op = msg.get("op")
+            handler = self.ops.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise spawn.BadRequest(f"unknown op {op!r}")
+            handler(self, conn, msg, self._replier(conn, rid))
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and BadRequest included
+            self.log(f"bad request: {exc}")
+            self._send(conn, {"id": rid, "ok": False, "error": _err("bad_request", str(exc))})
+        except Refused as exc:
+            self._send(conn, {"id": rid, "ok": False, "error": _err(exc.code, str(exc))})
+
+    def _replier(self, conn: Conn, rid: object) -> Callable[[dict[str, Any]], None]:
+        def reply(fields: dict[str, Any]) -> None:
+            ok = "error" not in fields
+            self._send(conn, {"id": rid, "ok": ok, **fields})
+
+        return reply
+
+    def _exited(self, record: Record) -> None:
+        if self.attached is not None:
+            self._send(self.attached, {"event": "exit", "job": record.to_json()})
+
+    def _op_attach(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        """A new gpusvd takes over. Connections opened before it are closed, so a spawn
+        that an earlier daemon left in its socket buffer either ran before this (and the
+        new daemon's list shows it) or is never read at all."""
+        for other in list(self.conns):
+            if other is not conn:
+                self._close(other)
+        self.attached = conn
+        # After this turn's sync: a start recorded in this same turn is listed only once
+        # it is on disk, so a new daemon never adopts a record a crash could still undo.
+        self.jobs.after_sync.append(lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json()}))
+
+    def _op_ping(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        reply({"pid": os.getpid()})
+
+    def _op_list(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        self.jobs.after_sync.append(lambda: reply({"jobs": self._jobs_json()}))
+
+    def _jobs_json(self) -> list[dict[str, Any]]:
+        return [record.to_json() for record in self.jobs.journal.records.values()]
+
+    def _op_spawn(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        spec = spawn.parse_spec(msg)
+        live = self.jobs.spawn(spec, reply)
+        key = (spec.job, spec.attempt)
+        self.sel.register(live.pidfd, selectors.EVENT_READ, lambda: self._leader(key))
+        assert live.status_fd is not None
+        self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
+
+    def _status(self, key: Key) -> None:
+        live = self.jobs.live.get(key)
+        if live is not None and live.status_fd is not None:
+            self.jobs.exec_outcome(key)
+
+    def _leader(self, key: Key) -> None:
+        if key in self.jobs.live:
+            self.jobs.reap(key)
+
+    def _unwatch(self, fd: int) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(fd)
+
+    def _op_kill(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        grace = msg.get("grace_s", 10.0)
+        if not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
+            raise spawn.BadRequest("grace_s: seconds from 0 to 86400")
+        self.jobs.kill(_key(msg), float(grace), reply)
+
+    def _op_ack(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        self.jobs.ack(_key(msg), reply)
+
+    def _op_oom_score_adj(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        value = msg.get("value")
+        if type(value) is not int or not -1000 <= value <= 1000:
+            raise spawn.BadRequest("value: from -1000 to 1000")
+        reply({"failures": self.jobs.set_oom_score_adj(_key(msg), value)})
+
+    def _op_procs(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        reply({"pids": self.jobs.procs(_key(msg))})
+
+    def _op_memory(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        peak, oom = self.jobs.memory(_key(msg))
+        reply({"peak_bytes": peak, "oom_kills": oom})
+
+    def _op_shutdown(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
+        """Leave only when nothing is left to keep: no job, no unacknowledged exit."""
+        if self.jobs.journal.records:
+            raise Refused("busy", f"{len(self.jobs.journal.records)} attempts still kept")
+        self.stopping = True
+        reply({})
+
+    ops: dict[str, Callable[[Server, Conn, dict[str, Any], Reply], None]] = {
+        "attach": _op_attach,
+        "ping": _op_ping,
+        "list": _op_list,
+        "spawn": _op_spawn,
+        "kill": _op_kill,
+        "ack": _op_ack,
+        "oom_score_adj": _op_oom_score_adj,
+        "procs": _op_procs,
+        "memory": _op_memory,
+        "shutdown": _op_shutdown,
+    }
+
+
+Reply = Callable[[dict[str, Any]], None]
+
+
+def _key(msg: dict[str, Any]) -> Key:
+    job, attempt = msg.get("job"), msg.get("attempt")
+    if type(job) is not int or type(attempt) is not int:
+        raise spawn.BadRequest("job and attempt: integers")
+    return (job, attempt)
+
+
+def _err(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def log_line(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    sys.stderr.write(f"{stamp} keeper[{os.getpid()}]: {message}\n")
+    sys.stderr.flush()

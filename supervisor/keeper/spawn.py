@@ -1,0 +1,247 @@
+"""Fork a job so that it cannot run its command before its start is on disk.
+
+The child sets itself up (session, oom_score_adj, cgroups, output files, the user's
+ids, then the working directory entered as that user) and then blocks on a gate pipe.
+The keeper writes the start record (pid, start time, cgroups), syncs it, and only then
+opens the gate; a keeper that dies first closes the pipe, and the child exits without
+running anything. A status pipe, closed by exec, tells the keeper whether exec worked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from . import cgroup
+
+GO = b"g"
+
+
+class BadRequest(ValueError):
+    """A request the keeper cannot act on: answered with this message, nothing changes."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    job: int
+    attempt: int
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    stdout: str
+    stderr: str
+    uid: int | None = None  # None: the keeper's own user
+    gid: int | None = None
+    groups: tuple[int, ...] | None = None
+    oom_score_adj: int | None = None
+    mem_max: int | None = None  # bytes
+
+
+def parse_spec(msg: dict[str, Any]) -> Spec:
+    job, attempt = _int(msg, "job", 0), _int(msg, "attempt", 1)
+    argv = msg.get("argv")
+    if not isinstance(argv, list) or not argv or not all(_text(a) for a in argv):
+        raise BadRequest("argv: a non-empty list of strings without NUL")
+    env = msg.get("env", {})
+    if not isinstance(env, dict) or not all(_text(k) and _text(v) for k, v in env.items()):
+        raise BadRequest("env: an object of strings without NUL")
+    for name in ("cwd", "stdout", "stderr"):
+        if not _text(msg.get(name)) or not str(msg[name]).startswith("/"):
+            raise BadRequest(f"{name}: an absolute path")
+    uid, gid = _opt_int(msg, "uid"), _opt_int(msg, "gid")
+    if (uid is None) != (gid is None):
+        raise BadRequest("uid and gid are given together or not at all")
+    groups = msg.get("groups")
+    if groups is not None and not (
+        isinstance(groups, list) and all(type(g) is int and g >= 0 for g in groups)
+    ):
+        raise BadRequest("groups: a list of group ids")
+    adj = _opt_int(msg, "oom_score_adj", -1000)
+    if adj is not None and adj > 1000:
+        raise BadRequest("oom_score_adj: from -1000 to 1000")
+    return Spec(
+        job,
+        attempt,
+        tuple(argv),
+        msg["cwd"],
+        dict(env),
+        msg["stdout"],
+        msg["stderr"],
+        uid,
+        gid,
+        None if groups is None else tuple(groups),
+        adj,
+        _opt_int(msg, "mem_max", 1),
+    )
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and "\0" not in value
+
+
+def _int(msg: dict[str, Any], name: str, least: int) -> int:
+    value = msg.get(name)
+    if type(value) is not int or value < least:
+        raise BadRequest(f"{name}: an integer >= {least}")
+    return value
+
+
+def _opt_int(msg: dict[str, Any], name: str, least: int = 0) -> int | None:
+    return None if msg.get(name) is None else _int(msg, name, least)
+
+
+@dataclass
+class Forked:
+    pid: int
+    gate: int  # write GO to let the command run
+    status: int  # EOF once the command exec'd; else the reason it could not start
+
+
+def open_log(path: str, uid: int | None, gid: int | None) -> int:
+    """The job's output file, private to the job's user: output may echo its secrets, and
+    a primary group is often shared, so not even the group may read it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)  # also a file left by an older attempt
+    if uid is not None and os.geteuid() == 0:
+        os.fchown(fd, uid, gid if gid is not None else -1)
+    return fd
+
+
+def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
+    """Fork the job's child, which waits at the gate. Raises OSError (output files,
+    cgroup descriptors, fork) with nothing left behind."""
+    fds: list[int] = []
+    gate_w = status_r = -1
+    try:
+        fds.append(open_log(spec.stdout, spec.uid, spec.gid))
+        fds.append(open_log(spec.stderr, spec.uid, spec.gid))
+        fds.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        joins = cgroup.join_fds(groups)
+        fds.extend(joins)
+        gate_r, gate_w = os.pipe()
+        fds.append(gate_r)
+        status_r, status_w = os.pipe()
+        fds.append(status_w)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child execs or exits
+            os.close(gate_w)  # else the gate never reads EOF when the keeper dies
+            os.close(status_r)
+            _child(spec, fds[0], fds[1], fds[2], joins, gate_r, status_w)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        for fd in (gate_w, status_r):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    for fd in fds:
+        os.close(fd)
+    return Forked(pid, gate_w, status_r)
+
+
+def _child(
+    spec: Spec, out: int, err: int, null: int, joins: list[int], gate: int, status: int
+) -> None:  # pragma: no cover - runs between fork and exec
+    """Never returns. Order matters: oom_score_adj and the cgroups while still
+    privileged, then the user's ids, then the cwd as that user, so root lends nothing."""
+    stage = "cannot start the job"
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        os.setsid()
+        _own_oom_score_adj(spec.oom_score_adj)
+        for fd in joins:
+            os.write(fd, b"0")
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        if spec.uid is not None and spec.gid is not None:
+            os.setgroups(list(spec.groups or ()))
+            os.setresgid(spec.gid, spec.gid, spec.gid)
+            os.setresuid(spec.uid, spec.uid, spec.uid)
+        who = "" if spec.uid is None else f" as uid {spec.uid}"
+        stage = f"cannot enter working directory {spec.cwd}{who}"
+        os.chdir(spec.cwd)
+        stage = "the keeper went away before the start was recorded"
+        if os.read(gate, 1) != GO:
+            os._exit(127)
+        _close_all_but(status)
+        stage = "exec"
+        os.execvpe(spec.argv[0], list(spec.argv), spec.env)
+    except BaseException as exc:
+        message = _why(stage, spec.argv[0], exc)
+        try:
+            os.write(status, message.encode(errors="replace"))
+            if stage.startswith("cannot enter"):
+                os.write(2, f"gpusv: {message}\n".encode(errors="replace"))
+        finally:
+            os._exit(127)
+    os._exit(127)
+
+
+def _own_oom_score_adj(value: int | None) -> None:  # pragma: no cover - in the child
+    """Inherited at fork, so always written: a keeper may run far below its jobs."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, str(0 if value is None else value).encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        if value is not None:  # asked for: the job does not run without it
+            raise
+
+
+def _why(stage: str, exe: str, exc: BaseException) -> str:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if stage != "exec":
+        return f"{stage}: {reason}"
+    if isinstance(exc, FileNotFoundError):
+        return f"executable not found: {exe}"
+    if isinstance(exc, PermissionError):
+        return f"permission denied executing {exe}"
+    return f"cannot start {exe[:80]}: {reason}"
+
+
+def _close_all_but(keep: int) -> None:  # pragma: no cover - in the child
+    """Nothing of the keeper's may reach the job; its descriptors are close-on-exec, but
+    a gate of another child held open here would outlive a keeper that died."""
+    if _CLOSE_RANGE is not None:
+        _CLOSE_RANGE(3, keep - 1, 0)
+        _CLOSE_RANGE(keep + 1, 0xFFFFFFFF, 0)
+    else:  # os.closerange closes one descriptor at a time: up to the limit, slowly
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def _close_range() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).close_range  # glibc 2.34+
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.c_int)
+    return function
+
+
+_CLOSE_RANGE = _close_range()
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot.
+    A pid with the same start is the same process (pids are reused, this is not)."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(data[data.rindex(b")") + 2 :].split()[19])

@@ -1,0 +1,128 @@
+"""A job's processes are its cgroup's: cancel kills all of them, the kernel's OOM counter
+says whose job it killed, nothing is left a zombie, and no start runs unrecorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.keeper import cgroup, spawn
+
+from .keeper_fixture import MEMCG, alive, keeper, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+]
+
+# Every process ignores SIGTERM (an ignored signal stays ignored across exec), clears its
+# environment and leaves the job's session: only the cgroup still knows them.
+ESCAPING = (
+    "trap '' TERM; "
+    "env -i setsid sh -c 'sleep 1000 & sleep 1000 & wait' & "
+    "env -i setsid sh -c 'setsid sleep 1000 & exit 0' & "
+    "sleep 1000"
+)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return found
+
+
+def test_cancel_kills_a_tree_that_double_forked_and_left_its_session() -> None:
+    with keeper() as k:
+        assert k.v2 is not None, "no unified cgroup hierarchy"
+        conn = k.connect()
+        leader = conn.call("spawn", **k.job(1, ["sh", "-c", ESCAPING]))["job"]["pid"]
+        pids = wait_for(
+            lambda: len(p := conn.call("procs", job=1, attempt=1)["pids"]) >= 6 and p,
+            "the whole tree in the job's cgroup",
+        )
+        assert any(os.getsid(p) != leader for p in pids if alive(p)), "nothing left the session"
+        conn.call("kill", job=1, attempt=1, grace_s=0.2)  # answered once all are gone
+        assert not [p for p in pids if alive(p)]
+        assert (k.v2 / "job-1-1" / "cgroup.procs").read_text() == ""
+        assert "populated 0" in (k.v2 / "job-1-1" / "cgroup.events").read_text()
+        record = conn.call("list")["jobs"][0]
+        assert record["signal"] == signal.SIGKILL  # the leader ignored SIGTERM
+
+
+def test_a_stopped_job_takes_sigterm_at_once_instead_of_the_grace() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        pid = conn.call("spawn", **k.job(1, ["sleep", "1000"]))["job"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T", "stop")
+        conn.call("kill", job=1, attempt=1, grace_s=3600)  # SIGKILL would come in an hour
+        record = conn.call("list")["jobs"][0]
+        assert record["signal"] == signal.SIGTERM
+
+
+def test_orphans_are_reaped_at_once_and_no_zombie_is_left() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        # The leader exits first; its children are re-parented to the keeper and exit.
+        script = "(sleep 0.2; exit 0) & (sleep 0.3; exit 1) & exit 0"
+        conn.call("spawn", **k.job(1, ["sh", "-c", script]))
+        keeper_pid = k.pid
+        wait_for(lambda: conn.call("procs", job=1, attempt=1)["pids"] == [], "the orphans' exit")
+        wait_for(lambda: _children(keeper_pid) == [], "the keeper to have no children")
+
+
+def test_the_job_whose_oom_counter_moved_is_the_one_reported() -> None:
+    if not (MEMCG / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory controller")
+    with keeper(memcg_limit=300 * 1024 * 1024) as k:
+        conn = k.connect()
+        ready = k.home / "older-ready"
+        older = (
+            f"import time; x = bytearray(80 << 20); open({str(ready)!r}, 'w').close(); "
+            "time.sleep(1000)"
+        )
+        newer = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))"
+        conn.call("spawn", **k.job(1, [sys.executable, "-c", older], oom_score_adj=0))
+        wait_for(ready.exists, "the older job's memory")
+        conn.call("spawn", **k.job(2, [sys.executable, "-c", newer], oom_score_adj=1000))
+        while (ended := conn.event())["job"]["job"] != 2:
+            pass
+        record = ended["job"]
+        assert record["signal"] == signal.SIGKILL and record["oom_kills"] >= 1
+        assert record["peak_bytes"] > 200 * 1024 * 1024
+        memory = conn.call("memory", job=1, attempt=1)
+        assert memory["oom_kills"] == 0 and memory["peak_bytes"] >= 80 * 1024 * 1024
+        assert conn.call("procs", job=1, attempt=1)["pids"], "the older job died too"
+        conn.call("kill", job=1, attempt=1, grace_s=5)
+
+
+def test_without_cgroups_the_session_and_the_tree_are_killed() -> None:
+    with keeper(cgroups=False) as k:
+        conn = k.connect()
+        record = conn.call("spawn", **k.job(1, ["sh", "-c", "sleep 1000 & sleep 1000"]))["job"]
+        assert record["cgroup"] is None and record["memcg"] is None
+        pids = wait_for(
+            lambda: len(p := conn.call("procs", job=1, attempt=1)["pids"]) == 3 and p, "tree"
+        )
+        conn.call("kill", job=1, attempt=1, grace_s=5)
+        wait_for(lambda: not any(alive(p) for p in pids), "the tree to die")
+        assert "no cgroup for jobs" in (k.home / "log").read_text()
+
+
+def test_a_child_whose_start_was_never_recorded_never_runs_its_command(tmp_path: Path) -> None:
+    """The keeper died between the fork and the synced start record: the gate's pipe
+    closes, and the child exits without running anything."""
+    marker = tmp_path / "ran"
+    out = str(tmp_path / "out")
+    spec = spawn.Spec(1, 1, ("touch", str(marker)), "/", {"PATH": "/usr/bin:/bin"}, out, out)
+    forked = spawn.fork(spec, cgroup.Groups())
+    os.close(forked.status)
+    os.close(forked.gate)  # as a dead keeper's would be
+    _, status = os.waitpid(forked.pid, 0)
+    assert os.WEXITSTATUS(status) == 127
+    assert not marker.exists()

@@ -1,0 +1,54 @@
+"""The keeper's journal on a real file: replay, a torn last line, compaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from supervisor.keeper.journal import Journal, Record
+
+
+def _record(job: int) -> Record:
+    return Record(job, 1, 1000 + job, 500 + job, 1.0, f"/cg/job-{job}-1", None)
+
+
+def test_replay_gives_back_starts_exits_and_forgets_acknowledged(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal")
+    for job in (1, 2, 3):
+        journal.append("start", _record(job))
+    journal.append("exit", journal.records[(2, 1)], ended_at=2.0, exit_code=3, wait_status=768)
+    journal.append("exit", journal.records[(3, 1)], ended_at=2.0, exit_code=0, wait_status=0)
+    journal.append("ack", journal.records[(3, 1)])
+    journal.close()
+    again = Journal(tmp_path / "journal").records
+    assert sorted(again) == [(1, 1), (2, 1)]
+    assert not again[(1, 1)].ended and again[(1, 1)].cgroup == "/cg/job-1-1"
+    assert again[(2, 1)].exit_code == 3 and again[(2, 1)].ended
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal")
+    journal.append("start", _record(1))
+    journal.close()
+    with open(tmp_path / "journal", "ab") as fh:
+        fh.write(b'{"e":"exit","job":1,"attempt":1,"ended_at":3.0,"exit_c')
+    again = Journal(tmp_path / "journal")
+    assert not again.records[(1, 1)].ended
+    again.append("exit", again.records[(1, 1)], ended_at=3.0, exit_code=1)
+    again.close()  # a line appended after the torn one still counts
+    assert Journal(tmp_path / "journal").records[(1, 1)].exit_code == 1
+
+
+def test_compaction_keeps_only_live_records(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal", compact_after=50)
+    for job in range(100):
+        record = _record(job)
+        journal.append("start", record)
+        journal.append("exit", record, ended_at=2.0, exit_code=0)
+        if job != 42:
+            journal.append("ack", record)
+        journal.sync()
+    assert journal.lines < 50
+    journal.append("start", _record(100))
+    journal.close()
+    assert sorted(Journal(tmp_path / "journal").records) == [(42, 1), (100, 1)]
+    assert not (tmp_path / "journal.tmp").exists()
