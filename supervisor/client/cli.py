@@ -12,12 +12,16 @@ import os
 import shlex
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, NoReturn
 
 from supervisor.client.connection import Client, Refused, Unreachable
 from supervisor.wire.locations import resolve_socket
 from supervisor.wire.sizes import ConfigError, parse_size_mb
+
+SUBMIT_RETRY_S = 30.0  # a lost submit is sent again this long (a daemon restart's span)
+SUBMIT_RETRY_PAUSE_S = 0.5
 
 EXIT_NO = 1
 EXIT_USAGE = 2
@@ -96,6 +100,8 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
         "priority": a.priority,
         "after": [int(x) for x in a.after.split(",") if x] if a.after else None,
         "dry_run": a.dry_run,
+        # Always one: a submit sent again after a lost connection must not make two jobs.
+        "request_id": None if a.dry_run else a.request_id or uuid.uuid4().hex,
     }
     request = {k: v for k, v in options.items() if v is not None}
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -108,8 +114,30 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
     return {"type": "submit", "argv": command, **request}
 
 
+def _submit_call(client: Client, request: dict[str, Any]) -> dict[str, Any]:
+    """Send a submit; when the connection is lost after it was sent (a daemon restart),
+    send it again, with the same request id, until the daemon answers: a repeat is
+    answered with the jobs the first made, never with new ones."""
+    deadline, sent = time.monotonic() + SUBMIT_RETRY_S, False
+    while True:
+        try:
+            return client.call(request)
+        except Unreachable as exc:
+            sent = sent or exc.maybe_sent
+            if not sent or "request_id" not in request:
+                raise
+            if time.monotonic() > deadline:
+                raise Unreachable(
+                    f"{exc}; the submit may have been recorded: repeat it with "
+                    f"--request-id {request['request_id']} to be sure of one job",
+                    maybe_sent=True,
+                ) from None
+            client.reset()
+            time.sleep(SUBMIT_RETRY_PAUSE_S)
+
+
 def cmd_submit(client: Client, a: argparse.Namespace) -> int:
-    reply = client.call(_submit_request(a))
+    reply = _submit_call(client, _submit_request(a))
     if a.dry_run:
         jobs = reply["jobs"]
         _out(jobs[0] if len(jobs) == 1 else jobs)
@@ -308,6 +336,7 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--after")
     p.add_argument("--dry-run", dest="dry_run", action="store_true")
+    p.add_argument("--request-id", dest="request_id")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--batch")

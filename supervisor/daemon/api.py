@@ -179,6 +179,10 @@ class Api:
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
         async with self.submitting:
+            rid = req.options.request_id
+            first = await self.store.request_ids(peer.uid, rid) if rid is not None else None
+            if first is not None:  # a repeat (a client retrying): the first jobs, not more
+                return await self._repeated(req, first)
             queued = await self.store.queued_count(peer.uid)
             if queued + len(specs) > self.cfg.max_queued_per_user:
                 raise ProtocolError(
@@ -186,11 +190,18 @@ class Api:
                     f"uid {peer.uid} has {queued} active jobs; the limit is "
                     f"{self.cfg.max_queued_per_user}",
                 )
-            jobs = await self.sched.submit(specs)
+            jobs = await self.sched.submit(specs, rid)
         if req.type == "submit" and len(jobs) == 1:
             job = jobs[0]
             return {"ok": True, "ids": [job.id], "job": self.job_view(job)}
         return {"ok": True, "ids": [j.id for j in jobs]}
+
+    async def _repeated(self, req: Submit, ids: list[int]) -> dict[str, Any]:
+        if req.type == "submit" and len(ids) == 1:
+            job = self.sched.jobs.get(ids[0]) or await self.store.get_job(ids[0])
+            if job is not None:
+                return {"ok": True, "ids": ids, "job": self.job_view(job), "repeated": True}
+        return {"ok": True, "ids": ids, "repeated": True}
 
     # ---- reading --------------------------------------------------------------------
 

@@ -341,11 +341,11 @@ class Scheduler:
 
     # ---- user actions -----------------------------------------------------------------
 
-    async def submit(self, specs: list[JobSpec]) -> list[Job]:
+    async def submit(self, specs: list[JobSpec], request_id: str | None = None) -> list[Job]:
         at = now_iso()
         for spec in {s.mem_key for s in specs}:
             await self.load_history(spec)
-        ids = await self.store.insert_jobs(specs, at)
+        ids = await self.store.insert_jobs(specs, at, request_id)
         jobs = [Job(id=i, spec=s, submitted_at=at) for i, s in zip(ids, specs, strict=True)]
         for job in jobs:
             if job.spec.after:  # no dispatch before its parents are known

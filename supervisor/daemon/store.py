@@ -100,7 +100,11 @@ class Store(Writer):
 
     # ---- writes ---------------------------------------------------------------------
 
-    async def insert_jobs(self, specs: Sequence[JobSpec], at: str) -> list[int]:
+    async def insert_jobs(
+        self, specs: Sequence[JobSpec], at: str, request_id: str | None = None
+    ) -> list[int]:
+        """New queued jobs; with `request_id`, the request is remembered with them in
+        the same transaction, so that a repeat finds them (request_ids)."""
         envs: dict[int, str] = {}  # a batch shares one env: encode it once
 
         def row(spec: JobSpec) -> tuple[Any, ...]:
@@ -121,6 +125,12 @@ class Store(Writer):
                 self.ids.raise_to(last)
             submitted = Event("submitted", "submitted")
             await db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
+            if request_id is not None:
+                await db.execute(
+                    "INSERT INTO submit_requests (owner_uid, request_id, first_id, count) "
+                    "VALUES (?, ?, ?, ?)",
+                    (specs[0].owner_uid, request_id, ids[0], len(ids)),
+                )
             return ids
 
         ids = await self.write(op)
@@ -296,6 +306,14 @@ class Store(Writer):
             "SELECT reason, COUNT(*) FROM attempts WHERE reason IS NOT NULL GROUP BY reason"
         )
         return {r[0]: r[1] for r in rows}
+
+    async def request_ids(self, uid: int, request_id: str) -> list[int] | None:
+        """The ids a submit with this request id made for this user, or None."""
+        rows = await self._all(
+            "SELECT first_id, count FROM submit_requests WHERE owner_uid=? AND request_id=?",
+            (uid, request_id),
+        )
+        return list(range(rows[0][0], rows[0][0] + rows[0][1])) if rows else None
 
     async def queued_count(self, uid: int) -> int:
         rows = await self._all(
