@@ -16,6 +16,7 @@ import pytest
 from .conftest import Daemon
 
 pytestmark = pytest.mark.integration
+CLI = [sys.executable, "-m", "supervisor.client.cli"]
 
 
 def _submit(d: Daemon, request_id: str, *argvs: list[str]) -> dict[str, Any]:
@@ -72,8 +73,7 @@ def test_a_submit_lost_to_a_daemon_restart_is_sent_again_and_made_once(
     before = _all_ids(d)
     os.kill(d.proc.pid, signal.SIGSTOP)  # connects, sends, and gets no answer
     client = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.client.cli", "--socket", str(d.socket)]
-        + ["submit", "--gpus", "0", "--", "true"],
+        [*CLI, "--socket", str(d.socket), "submit", "--gpus", "0", "--", "true"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
