@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, NoReturn
 
+from supervisor.client.cards import allocation_notes, health_text, util_text
 from supervisor.client.connection import Client, Refused, Unreachable
 from supervisor.wire.locations import resolve_socket
 from supervisor.wire.sizes import ConfigError, parse_size_mb
@@ -97,6 +98,7 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
         "gpu_hang_retries": a.gpu_hang_retries,
         "progress_timeout_s": a.progress_timeout,
         "progress_regex": a.progress_regex,
+        "stall_timeout_s": a.stall_timeout,
         "priority": a.priority,
         "after": [int(x) for x in a.after.split(",") if x] if a.after else None,
         "dry_run": a.dry_run,
@@ -260,17 +262,19 @@ def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
     rows = [
         [
             str(g["index"]),
-            g["pci_bus_id"],
+            g["pci_bus_id"] or "?",
             g["name"],
-            f"{g['utilization_pct']:.0f}%",
+            util_text(g.get("utilization_pct")),
             f"{g['vram_used_mb']}/{g['vram_total_mb']} MiB",
-            g["health"],
+            health_text(g),
             ",".join(map(str, g["running_jobs"])) or "-",
             str(g["gpu_hangs"]),
         ]
         for g in gpus
     ]
     _table(rows, ["GPU", "BUS ID", "NAME", "UTIL", "VRAM", "HEALTH", "JOBS", "HANGS"])
+    for note in allocation_notes(gpus):
+        print(note)
     return 0
 
 
@@ -333,6 +337,7 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--gpu-hang-retries", dest="gpu_hang_retries", type=int)
     p.add_argument("--progress-timeout", dest="progress_timeout", type=float)
     p.add_argument("--progress-regex", dest="progress_regex")
+    p.add_argument("--stall-timeout", dest="stall_timeout", type=float)
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--after")
     p.add_argument("--dry-run", dest="dry_run", action="store_true")

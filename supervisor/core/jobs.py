@@ -81,6 +81,7 @@ class JobSpec:
     progress_regex: str | None = None
     priority: int = 0
     after: tuple[int, ...] = ()
+    stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
 
 
 @dataclass(frozen=True)

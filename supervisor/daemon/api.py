@@ -159,6 +159,7 @@ class Api:
                 progress_regex=opts.progress_regex,
                 priority=opts.priority,
                 after=opts.after,
+                stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
             )
             for argv in req.argvs
         ]
@@ -297,3 +298,9 @@ class Api:
             "done": job.state.terminal and len(data) < LOG_CHUNK,
             "state": job.state.value,
         }
+
+
+def _or(given: float | None, default: float) -> float | None:
+    """A job's own timeout, else the configured default; 0 (off) becomes None."""
+    value = default if given is None else given
+    return value or None

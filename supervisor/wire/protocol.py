@@ -240,6 +240,7 @@ class SubmitOptions:
     after: tuple[int, ...] = ()
     dry_run: bool = False
     request_id: str | None = None  # a repeat from the same user returns the first jobs
+    stall_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         after=tuple(f.int_list("after", 1000)),
         dry_run=f.bool_("dry_run"),
         request_id=_request_id(f),
+        stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
     )
 
 

@@ -170,16 +170,17 @@ def test_a_line_after_the_exit_reclassifies_a_queued_retry(
     assert first["attempts"][0]["reason"] == "exit_nonzero"
     assert first["retries"]["ordinary"]["used"] == 1
     d.append_kernel(XID_109_CARD0)
-    # The attempt row is read from the store, the job from memory, which takes the change
-    # just after its commit: wait for both.
+    # The attempt (read from the store) and the job's budgets (held in memory) change one
+    # after the other: wait for both.
     fixed = d.wait_for(
         lambda: (
             (j := d.show(job))["attempts"][0]["reason"] == "gpu_hang"
-            and j["retries"]["ordinary"]["used"] == 0
+            and j["retries"]["gpu_hang"]["used"] == 1
             and j
         ),
         what="the attempt reclassified",
     )
+    assert fixed["retries"]["ordinary"]["used"] == 0
     assert fixed["retries"]["gpu_hang"]["used"] == 1
     d.cli("cancel", str(blocker))
     assert d.wait_done(job)["state"] == "succeeded"
