@@ -1,48 +1,63 @@
-"""Request handlers: who may do what, and what each request does to the scheduler."""
+"""Request handlers: what each request does, through the engine and the store."""
 
 from __future__ import annotations
 
 import base64
-import grp
+import contextlib
 import os
-import pwd
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
+from supervisor.core.commands import Cancel, Changed, ProcessStarted
+from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.core.projection import mem_key
+from supervisor.core.memkey import mem_key
+from supervisor.core.records import Attempt
+from supervisor.core.table import Phase
 from supervisor.daemon import views
+from supervisor.daemon.access import Access, forbidden
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
-from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
 from supervisor.wire import protocol
 from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
 
 LOG_CHUNK = 512 * 1024
-
-
-def _forbidden(what: str) -> ProtocolError:
-    return ProtocolError(protocol.FORBIDDEN, f"not allowed: {what}")
+START_WAIT_S = 10.0  # the longest `show` waits for a start in flight
 
 
 class Api:
     def __init__(
         self,
         cfg: Config,
-        sched: Scheduler,
+        engine: Engine,
+        book: MemoryBook,
+        access: Access,
+        broker: Broker,
         *,
-        stop_job: Callable[[int], Awaitable[None]],
+        draining: Callable[[], bool],
+        live_rss: Callable[[int], tuple[int, int] | None],
         card_count: Callable[[], int],
         card_vram_mb: Callable[[], int],
         simple: dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]],
     ) -> None:
         self.cfg = cfg
-        self.sched = sched
-        self.store = sched.store
-        self.stop_job = stop_job
+        self.engine = engine
+        self.table = engine.table
+        self.book = book
+        self.access = access
+        self.store = engine.store
+        self.draining = draining
+        self.live_rss = live_rss
+        self.waiters: dict[int, list[anyio.Event]] = {}
+        self.starting: dict[int, list[anyio.Event]] = {}
+        broker.subscribe(Changed, self._changed)
+        broker.subscribe(ProcessStarted, lambda ev: self._wake(self.starting, ev.job_id))
         self.card_count = card_count
         self.card_vram_mb = card_vram_mb
         self.simple = simple
@@ -50,38 +65,26 @@ class Api:
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
 
-    # ---- identity -------------------------------------------------------------------
+    def _changed(self, ev: Changed) -> None:
+        if ev.new.state.terminal:
+            self._wake(self.waiters, ev.new.id)
+            self._wake(self.starting, ev.new.id)
 
-    def is_admin(self, uid: int) -> bool:
-        if uid == 0:
-            return True
-        if not self.cfg.admin_group:
-            return False
-        try:
-            group = grp.getgrnam(self.cfg.admin_group)
-            user = pwd.getpwuid(uid)
-        except KeyError:
-            return False
-        return group.gr_gid in os.getgrouplist(user.pw_name, user.pw_gid)
+    @staticmethod
+    def _wake(waiting: dict[int, list[anyio.Event]], job_id: int) -> None:
+        for event in waiting.pop(job_id, []):
+            event.set()
 
-    def admit(self, peer: Peer) -> str | None:
-        """A non-root daemon can only run jobs as itself: it serves its own user (and
-        admins, who may watch and cancel); a root daemon serves whoever reached the
-        socket, which its mode and group already restrict."""
-        me = os.geteuid()
-        if me == 0 or peer.uid == me or self.is_admin(peer.uid):
-            return None
-        return f"this gpusvd runs as uid {me} and serves only that user"
-
-    def may_act(self, peer: Peer, job: Job) -> bool:
-        return peer.uid == job.spec.owner_uid or self.is_admin(peer.uid)
-
-    def may_submit(self, peer: Peer) -> None:
-        """A job runs as its submitter; a non-root daemon can only run jobs as itself, so
-        there only its own user submits (admins of such a daemon watch and cancel)."""
-        me = os.geteuid()
-        if me != 0 and peer.uid != me:
-            raise _forbidden(f"this gpusvd runs as uid {me} and runs jobs only for that user")
+    async def _started(self, job_id: int) -> None:
+        """A job shown running has its process: a start in flight is waited for (it
+        takes a fork and a commit), so that `show` never gives a running attempt no pid."""
+        live = self.table.live.get(job_id)
+        if live is None or live.phase is Phase.RUNNING:
+            return
+        event = anyio.Event()
+        self.starting.setdefault(job_id, []).append(event)
+        with anyio.move_on_after(START_WAIT_S):
+            await event.wait()
 
     # ---- dispatch -------------------------------------------------------------------
 
@@ -130,7 +133,7 @@ class Api:
 
     async def _check_after(self, after: tuple[int, ...]) -> None:
         for parent in after:
-            if parent not in self.sched.jobs and await self.store.get_job(parent) is None:
+            if parent not in self.table.jobs and await self.store.get_job(parent) is None:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
 
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
@@ -165,8 +168,8 @@ class Api:
         ]
 
     async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
-        self.may_submit(peer)
-        if self.sched.draining and not req.options.dry_run:
+        self.access.may_submit(peer)
+        if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self._check_fits(req)
         await self._check_after(req.options.after)
@@ -174,9 +177,9 @@ class Api:
         if req.options.dry_run:
             out = []
             for spec in specs:
-                await self.sched.load_history(spec.mem_key)
+                await self.book.load(spec.mem_key)
                 job = Job(id=0, spec=spec)
-                out.append(views.job_json(job, host_memory=self.sched.projection(spec)))
+                out.append(views.job_json(job, host_memory=self.book.projection(spec)))
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
         async with self.submitting:
@@ -191,36 +194,37 @@ class Api:
                     f"uid {peer.uid} has {queued} active jobs; the limit is "
                     f"{self.cfg.max_queued_per_user}",
                 )
-            jobs = await self.sched.submit(specs, rid)
-        if req.type == "submit" and len(jobs) == 1:
-            job = jobs[0]
-            return {"ok": True, "ids": [job.id], "job": self.job_view(job)}
-        return {"ok": True, "ids": [j.id for j in jobs]}
+            for key in {s.mem_key for s in specs}:
+                await self.book.load(key)
+            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs), request_id=rid)))
+        if req.type == "submit" and len(ids) == 1:
+            return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
+        return {"ok": True, "ids": ids}
 
     async def _repeated(self, req: Submit, ids: list[int]) -> dict[str, Any]:
         if req.type == "submit" and len(ids) == 1:
-            job = self.sched.jobs.get(ids[0]) or await self.store.get_job(ids[0])
-            if job is not None:
-                return {"ok": True, "ids": ids, "job": self.job_view(job), "repeated": True}
+            with contextlib.suppress(ProtocolError):  # the job may have been cleaned since
+                view = self.job_view(await self._job(ids[0]))
+                return {"ok": True, "ids": ids, "job": view, "repeated": True}
         return {"ok": True, "ids": ids, "repeated": True}
 
     # ---- reading --------------------------------------------------------------------
 
     def job_view(self, job: Job) -> dict[str, Any]:
-        return views.job_json(job, host_memory=self.sched.projection(job.spec))
+        return views.job_json(job, host_memory=self.book.projection(job.spec))
 
     async def _job(self, job_id: int) -> Job:
-        job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
+        job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
         if job is None:
             raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
         return job
 
     async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
         rows = await self.store.list_jobs(req.states, req.limit, req.before_id)
-        admin = self.is_admin(peer.uid)  # once: a group lookup may go to the network
+        admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
         out = []
         for row in rows:
-            job = self.sched.jobs.get(row.id, row)
+            job = self.table.jobs.get(row.id, row)
             full = self.job_view(job)
             mine = admin or job.spec.owner_uid == peer.uid
             out.append(full if mine else views.public_view(full))
@@ -228,26 +232,36 @@ class Api:
 
     async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
         job = await self._job(req.ids[0])
-        if not self.may_act(peer, job):
-            raise _forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
-        await self.sched.load_history(job.spec.mem_key)
+        if not self.access.may_act(peer, job):
+            raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
+        await self.book.load(job.spec.mem_key)
+        job_id = job.id
+
+        async def read() -> tuple[Job, list[Attempt], list[dict[str, Any]]]:
+            return (
+                await self._job(job_id),
+                await self.store.attempts(job_id),
+                await self.store.events(job_id),
+            )
+
+        job, attempts, events = await self.engine.read(read)  # of one moment
+        if job.state is JobState.RUNNING and attempts and attempts[-1].pid is None:
+            await self._started(job_id)
+            job, attempts, events = await self.engine.read(read)
         obj = views.job_json(
-            job,
-            host_memory=self.sched.projection(job.spec),
-            attempts=await self.store.attempts(job.id),
-            events=await self.store.events(job.id),
+            job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )
-        live = self.sched.running.get(job.id)
+        live = self.live_rss(job.id)
         if live is not None and obj["attempts"]:  # the running attempt's figures so far
-            obj["attempts"][-1]["peak_rss_mb"] = live.peak_rss_mb or None
-            obj["attempts"][-1]["rss_mb"] = live.rss_mb
+            obj["attempts"][-1]["rss_mb"], peak = live
+            obj["attempts"][-1]["peak_rss_mb"] = peak or None
         return {"ok": True, "job": obj}
 
     async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
         for job_id in req.ids:  # all allowed, or nothing is cancelled
-            job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
-            if job is not None and not self.may_act(peer, job):
-                raise _forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
+            job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
+            if job is not None and not self.access.may_act(peer, job):
+                raise forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
         results = []
         for job_id in req.ids:
             try:
@@ -257,12 +271,12 @@ class Api:
                 continue
             if job.state.terminal:
                 results.append({"id": job_id, "ok": False, "error": f"already {job.state.value}"})
-            elif job.state is JobState.QUEUED:
-                await self.sched.cancel_queued(job)
-                results.append({"id": job_id, "ok": True, "state": "cancelled"})
-            else:
-                await self.stop_job(job_id)
-                results.append({"id": job_id, "ok": True, "state": "cancelling"})
+                continue
+            await self.engine.do(Cancel(job_id))
+            # Cancelled only when nothing of the job will run; else its attempt is
+            # being stopped, and it ends cancelled all the same.
+            state = "cancelling" if job_id in self.table.jobs else "cancelled"
+            results.append({"id": job_id, "ok": True, "state": state})
         return {"ok": True, "results": results}
 
     async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
@@ -272,18 +286,18 @@ class Api:
                 job = await self._job(job_id)
                 while not job.state.terminal:
                     event = anyio.Event()
-                    self.sched.waiters.setdefault(job_id, []).append(event)
+                    self.waiters.setdefault(job_id, []).append(event)
                     await event.wait()
                     job = await self._job(job_id)
                 view = self.job_view(job)
-                done.append(view if self.may_act(peer, job) else views.public_view(view))
+                done.append(view if self.access.may_act(peer, job) else views.public_view(view))
             return {"ok": True, "jobs": done, "timed_out": False}
         return {"ok": True, "jobs": done, "timed_out": True}
 
     async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
         job = await self._job(req.ids[0])
-        if not self.may_act(peer, job):
-            raise _forbidden(f"logs of job {job.id}")
+        if not self.access.may_act(peer, job):
+            raise forbidden(f"logs of job {job.id}")
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
         try:
             with open(path, "rb") as fh:

@@ -15,6 +15,7 @@ import anyio
 import structlog
 
 from supervisor.core.jobs import Job, JobSpec
+from supervisor.core.records import Attempt, Event
 from supervisor.daemon.store_guard import (
     IdMark,
     StoreOpenError,
@@ -27,8 +28,6 @@ from supervisor.daemon.store_schema import (
     INSERT_EVENT,
     JOB_COLUMNS,
     UPDATE_JOB,
-    Attempt,
-    Event,
     MemRow,
     _event_params,
     _finish_attempt,
@@ -100,11 +99,7 @@ class Store(Writer):
 
     # ---- writes ---------------------------------------------------------------------
 
-    async def insert_jobs(
-        self, specs: Sequence[JobSpec], at: str, request_id: str | None = None
-    ) -> list[int]:
-        """New queued jobs; with `request_id`, the request is remembered with them in
-        the same transaction, so that a repeat finds them (request_ids)."""
+    async def insert_jobs(self, specs: Sequence[JobSpec], at: str) -> list[int]:
         envs: dict[int, str] = {}  # a batch shares one env: encode it once
 
         def row(spec: JobSpec) -> tuple[Any, ...]:
@@ -125,12 +120,6 @@ class Store(Writer):
                 self.ids.raise_to(last)
             submitted = Event("submitted", "submitted")
             await db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
-            if request_id is not None:
-                await db.execute(
-                    "INSERT INTO submit_requests (owner_uid, request_id, first_id, count) "
-                    "VALUES (?, ?, ?, ?)",
-                    (specs[0].owner_uid, request_id, ids[0], len(ids)),
-                )
             return ids
 
         ids = await self.write(op)
@@ -191,29 +180,6 @@ class Store(Writer):
     async def add_event(self, job_id: int | None, at: str, event: Event) -> None:
         async def op(db: aiosqlite.Connection) -> None:
             await _insert_event(db, job_id, at, event)
-
-        await self.write(op)
-
-    async def record_hang(self, row: dict[str, Any]) -> None:
-        async def op(db: aiosqlite.Connection) -> None:
-            await db.execute(
-                "INSERT INTO hangs (job_id, attempt, gpu, pci_bus_id, driver_version, at, "
-                "evidence, host_mem_available_mb, swap_used_mb, vram_used_mb, labels) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    row.get("job"),
-                    row.get("attempt"),
-                    row.get("gpu"),
-                    row.get("pci_bus_id"),
-                    row.get("driver_version"),
-                    row["at"],
-                    json.dumps(row.get("evidence")),
-                    row.get("host_mem_available_mb"),
-                    row.get("swap_used_mb"),
-                    row.get("vram_used_mb"),
-                    json.dumps(row.get("labels") or {}),
-                ),
-            )
 
         await self.write(op)
 
@@ -325,7 +291,7 @@ class Store(Writer):
     async def hangs(self, limit: int = 1000) -> list[dict[str, Any]]:
         rows = await self._all(
             "SELECT job_id, attempt, gpu, pci_bus_id, driver_version, at, evidence, "
-            "host_mem_available_mb, swap_used_mb, vram_used_mb, labels FROM hangs "
+            "host_mem_available_mb, swap_used_mb, vram_used_mb, labels, name, frame FROM hangs "
             "ORDER BY id DESC LIMIT ?",
             (limit,),
         )
@@ -341,6 +307,8 @@ class Store(Writer):
             "swap_used_mb",
             "vram_used_mb",
             "labels",
+            "name",
+            "frame",
         )
         out = []
         for r in reversed(rows):
