@@ -241,6 +241,7 @@ class SubmitOptions:
     dry_run: bool = False
     request_id: str | None = None  # a repeat from the same user returns the first jobs
     stall_timeout_s: float | None = None
+    share: bool = False
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         dry_run=f.bool_("dry_run"),
         request_id=_request_id(f),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
+        share=f.bool_("share"),
     )
 
 
