@@ -14,9 +14,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from supervisor.client import arrays
+from supervisor.client import arrays, calls
 from supervisor.client.cards import allocation_notes, health_text, util_text
 from supervisor.client.connection import Client, Refused, Unreachable
 from supervisor.wire.locations import resolve_socket
@@ -24,6 +24,9 @@ from supervisor.wire.sizes import ConfigError, parse_size_mb
 
 SUBMIT_RETRY_S = 30.0  # a lost submit is sent again this long (a daemon restart's span)
 SUBMIT_RETRY_PAUSE_S = 0.5
+
+if TYPE_CHECKING:
+    from supervisor.wire.shapes import SubmitRequest
 
 EXIT_NO = 1
 EXIT_USAGE = 2
@@ -43,11 +46,11 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
         sys.stdout.write(line.rstrip() + "\n")
 
 
-def _command_of(job: dict[str, Any]) -> str:
+def _command_of(job: dict[str, object]) -> str:
     if job.get("name"):
         return str(job["name"])
     argv = job.get("argv")
-    return shlex.join(argv)[:60] if argv else "-"
+    return shlex.join(map(str, argv))[:60] if isinstance(argv, list) and argv else "-"
 
 
 # ---- submit --------------------------------------------------------------------------
@@ -128,7 +131,7 @@ def _submit_call(client: Client, request: dict[str, Any]) -> dict[str, Any]:
     deadline, sent = time.monotonic() + SUBMIT_RETRY_S, False
     while True:
         try:
-            return client.call(request)
+            return dict(calls.submit(client, cast("SubmitRequest", request)))
         except Unreachable as exc:
             sent = sent or exc.maybe_sent
             if not sent or "request_id" not in request:
@@ -164,10 +167,7 @@ def cmd_submit(client: Client, a: argparse.Namespace) -> int:
 
 def cmd_list(client: Client, a: argparse.Namespace) -> int:
     states = [s for s in (a.state or "").split(",") if s]
-    request = {"type": "list", "states": states, "limit": a.limit}
-    if a.array is not None:
-        request["array"] = a.array
-    jobs = client.call(request)["jobs"]
+    jobs = calls.list_jobs(client, states, a.limit, a.array)["jobs"]
     if a.json:
         _out(jobs)
         return 0
@@ -175,19 +175,19 @@ def cmd_list(client: Client, a: argparse.Namespace) -> int:
         [
             str(j["id"]),
             j["state"],
-            ",".join(map(str, j.get("gpus") or [])) or "-",
-            _command_of(j),
-            j.get("waiting_for") or j.get("progress") or "",
+            ",".join(map(str, j["gpus"])) or "-",
+            _command_of(dict(j)),
+            j["waiting_for"] or str(j.get("progress") or ""),
         ]
         for j in jobs
     ]
     _table(rows, ["ID", "STATE", "GPUS", "COMMAND", "NOTE"])
-    sys.stdout.write("".join(f"{line}\n" for line in arrays.summaries(jobs)))
+    sys.stdout.write("".join(f"{line}\n" for line in arrays.summaries([dict(j) for j in jobs])))
     return 0
 
 
 def cmd_show(client: Client, a: argparse.Namespace) -> int:
-    job = client.call({"type": "show", "ids": [a.id]})["job"]
+    job = calls.show(client, a.id)
     if a.json:
         _out(job)
         return 0
@@ -218,7 +218,7 @@ def cmd_logs(client: Client, a: argparse.Namespace) -> int:
     stream = "stderr" if a.stderr else "stdout"
     out = sys.stdout.buffer
     while True:
-        reply = client.call({"type": "logs", "ids": [a.id], "stream": stream, "offset": offset})
+        reply = calls.logs(client, a.id, stream, offset)
         data = b64decode(reply["data_b64"])
         out.write(data)
         out.flush()
@@ -234,22 +234,18 @@ def cmd_cancel(client: Client, a: argparse.Namespace) -> int:
         return arrays.cancel_array(client, a.array)
     if not a.ids:
         raise ConfigError("cancel needs job ids or --array A")
-    reply = client.call({"type": "cancel", "ids": a.ids})
     code = 0
-    for r in reply["results"]:
+    for r in calls.cancel(client, a.ids)["results"]:
         if r["ok"]:
-            sys.stdout.write(f"{r['id']} {r['state']}\n")
+            sys.stdout.write(f"{r['id']} {r.get('state')}\n")
         else:
-            sys.stderr.write(f"gpusv: job {r['id']}: {r['error']}\n")
+            sys.stderr.write(f"gpusv: job {r['id']}: {r.get('error')}\n")
             code = EXIT_NO
     return code
 
 
 def _wait(client: Client, ids: list[int], timeout: float | None, quiet: bool = False) -> int:
-    request: dict[str, Any] = {"type": "wait", "ids": ids}
-    if timeout is not None:
-        request["timeout_s"] = timeout
-    reply = client.call(request)
+    reply = calls.wait(client, ids, timeout)
     if reply["timed_out"]:
         sys.stderr.write("gpusv: timed out waiting\n")
         return EXIT_NO
@@ -258,7 +254,7 @@ def _wait(client: Client, ids: list[int], timeout: float | None, quiet: bool = F
             sys.stdout.write(f"{job['id']} {job['state']} exit_code={job.get('exit_code')}\n")
         if job["state"] != "succeeded":
             code = job.get("exit_code")
-            return int(code) if code else EXIT_NO
+            return code if isinstance(code, int) and code else EXIT_NO
     return 0
 
 

@@ -44,6 +44,7 @@ class Dispatch:
     holds: tuple[Hold, ...]
     projections: dict[int, Projection | None] = field(default_factory=dict)
     uuids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the cards' UUIDs
+    full: frozenset[str] = frozenset()  # kinds of device ("gpu", "cpu") none of which was free
 
 
 @dataclass(frozen=True)

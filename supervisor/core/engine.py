@@ -38,6 +38,7 @@ from supervisor.core.commands import (
     Submit,
     Write,
 )
+from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt, Event
@@ -184,6 +185,16 @@ def _dispatch(d: _Draft, cmd: Dispatch) -> None:
         _hold(d, hold)
     for start in cmd.starts:
         _claim(d, start, cmd)
+    d.c.settle = [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
+
+
+def _settles(job: Job | None, hold: Hold, full: frozenset[str]) -> bool:
+    """Held for its kind of device while none of it was free: in a pass that began so,
+    or (needing one unit) in one that used the last unit up (jobqueue's settled jobs)."""
+    if job is None or job.state is not JobState.QUEUED:
+        return False
+    kind = kind_of(job)
+    return hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1)
 
 
 def _hold(d: _Draft, hold: Hold) -> None:

@@ -35,6 +35,17 @@ from supervisor.wire.protocol import (
     Submit,
     SubmitOptions,
 )
+from supervisor.wire.shapes import (
+    CancelReply,
+    CancelResult,
+    JobJson,
+    ListReply,
+    LogsReply,
+    PublicJobJson,
+    ShowReply,
+    SubmitReply,
+    WaitReply,
+)
 
 LOG_CHUNK = 512 * 1024
 START_WAIT_S = 10.0  # the longest `show` waits for a start in flight
@@ -106,19 +117,19 @@ class Api:
 
     async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
-            return await self.submit(req, peer)
+            return dict(await self.submit(req, peer))
         if isinstance(req, ArrayRef):
             return await self.restart_array(req, peer)
         if isinstance(req, ListJobs):
-            return await self.list(req, peer)
+            return dict(await self.list(req, peer))
         if isinstance(req, JobRef):
-            handler = {
-                "show": self.show,
-                "cancel": self.cancel,
-                "wait": self.wait,
-                "logs": self.logs,
-            }[req.type]
-            return await handler(req, peer)
+            if req.type == "show":
+                return dict(await self.show(req, peer))
+            if req.type == "cancel":
+                return dict(await self.cancel(req, peer))
+            if req.type == "wait":
+                return dict(await self.wait(req, peer))
+            return dict(await self.logs(req, peer))
         assert isinstance(req, Simple)
         if req.type == "ping":
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
@@ -224,7 +235,7 @@ class Api:
             ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
         return {"ok": True, "ids": ids}
 
-    async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
+    async def submit(self, req: Submit, peer: Peer) -> SubmitReply:
         self.access.may_submit(peer)
         if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
@@ -233,7 +244,7 @@ class Api:
         specs = self.specs(req, peer)
         await self._check_share(specs)
         if req.options.dry_run:
-            out = []
+            out: list[JobJson] = []
             for spec in specs:
                 await self.book.load(spec.mem_key)
                 job = Job(id=0, spec=spec)
@@ -259,7 +270,7 @@ class Api:
             return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
         return {"ok": True, "ids": ids}
 
-    async def _repeated(self, req: Submit, ids: list[int]) -> dict[str, Any]:
+    async def _repeated(self, req: Submit, ids: list[int]) -> SubmitReply:
         if req.type == "submit" and len(ids) == 1:
             with contextlib.suppress(ProtocolError):  # the job may have been cleaned since
                 view = self.job_view(await self._job(ids[0]))
@@ -268,7 +279,7 @@ class Api:
 
     # ---- reading --------------------------------------------------------------------
 
-    def job_view(self, job: Job) -> dict[str, Any]:
+    def job_view(self, job: Job) -> JobJson:
         return views.job_json(job, host_memory=self.book.projection(job.spec))
 
     async def _job(self, job_id: int) -> Job:
@@ -277,10 +288,10 @@ class Api:
             raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
         return job
 
-    async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
+    async def list(self, req: ListJobs, peer: Peer) -> ListReply:
         rows = await self.store.list_jobs(req.states, req.limit, req.before_id, req.array)
         admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
-        out = []
+        out: list[JobJson | PublicJobJson] = []
         for row in rows:
             job = self.table.jobs.get(row.id, row)
             full = self.job_view(job)
@@ -288,7 +299,7 @@ class Api:
             out.append(full if mine else views.public_view(full))
         return {"ok": True, "jobs": out}
 
-    async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def show(self, req: JobRef, peer: Peer) -> ShowReply:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
@@ -310,18 +321,19 @@ class Api:
             job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )
         live = self.live_rss(job.id)
-        if live is not None and obj["attempts"]:  # the running attempt's figures so far
-            obj["attempts"][-1]["rss_mb"], peak, peak_vram = live
-            obj["attempts"][-1]["peak_rss_mb"] = peak or None
-            obj["attempts"][-1]["peak_vram_mb"] = peak_vram or None
+        shown = obj.get("attempts")
+        if live is not None and shown:  # the running attempt's figures so far
+            shown[-1]["rss_mb"], peak, peak_vram = live
+            shown[-1]["peak_rss_mb"] = peak or None
+            shown[-1]["peak_vram_mb"] = peak_vram or None
         return {"ok": True, "job": obj}
 
-    async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def cancel(self, req: JobRef, peer: Peer) -> CancelReply:
         for job_id in req.ids:  # all allowed, or nothing is cancelled
             job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
             if job is not None and not self.access.may_act(peer, job):
                 raise forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
-        results = []
+        results: list[CancelResult] = []
         for job_id in req.ids:
             try:
                 job = await self._job(job_id)
@@ -334,12 +346,14 @@ class Api:
             await self.engine.do(Cancel(job_id))
             # Cancelled only when nothing of the job will run; else its attempt is
             # being stopped, and it ends cancelled all the same.
-            state = "cancelling" if job_id in self.table.jobs else "cancelled"
-            results.append({"id": job_id, "ok": True, "state": state})
+            running = job_id in self.table.jobs
+            results.append(
+                {"id": job_id, "ok": True, "state": "cancelling" if running else "cancelled"}
+            )
         return {"ok": True, "results": results}
 
-    async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        done: list[dict[str, Any]] = []
+    async def wait(self, req: JobRef, peer: Peer) -> WaitReply:
+        done: list[JobJson | PublicJobJson] = []
         with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
             for job_id in req.ids:
                 job = await self._job(job_id)
@@ -353,7 +367,7 @@ class Api:
             return {"ok": True, "jobs": done, "timed_out": False}
         return {"ok": True, "jobs": done, "timed_out": True}
 
-    async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def logs(self, req: JobRef, peer: Peer) -> LogsReply:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"logs of job {job.id}")

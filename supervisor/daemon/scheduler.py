@@ -49,9 +49,8 @@ class Dispatcher:
         self.engine = engine
         self.table = engine.table
         self.book = book
-        self.cards = cards
-        self.rss_mb = rss_mb
-        self.uuids_of = uuids_of
+        # What the loop reads of other parts: the cards, a job's RSS, the cards' UUIDs.
+        self.cards, self.rss_mb, self.uuids_of = cards, rss_mb, uuids_of
         self.beat = beat
         self.wake = anyio.Event()
         self.draining = False
@@ -144,8 +143,10 @@ class Dispatcher:
                 s.job_id: self.book.projection(self.table.jobs[s.job_id].spec) for s in plan.starts
             }
             uuids = {s.job_id: self.uuids_of(s.gpus) for s in plan.starts}
-            await self.engine.do(Dispatch(plan.starts, plan.holds, projections, uuids))
-        self._settle(plan.holds, full)
+            await self.engine.do(
+                Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
+            )
+        self._settle(plan.holds, full)  # the array caps' holds (device holds: the engine's)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
 
     def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
