@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -20,6 +21,9 @@ from supervisor.client.cards import allocation_notes, health_text, util_text
 from supervisor.client.connection import Client, Refused, Unreachable
 from supervisor.wire.locations import resolve_socket
 from supervisor.wire.sizes import ConfigError, parse_size_mb
+
+SUBMIT_RETRY_S = 30.0  # a lost submit is sent again this long (a daemon restart's span)
+SUBMIT_RETRY_PAUSE_S = 0.5
 
 if TYPE_CHECKING:
     from supervisor.wire.shapes import SubmitRequest
@@ -103,6 +107,8 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
         "after": [int(x) for x in a.after.split(",") if x] if a.after else None,
         "dry_run": a.dry_run,
         "share": a.share or None,
+        # Always one: a submit sent again after a lost connection must not make two jobs.
+        "request_id": None if a.dry_run else a.request_id or uuid.uuid4().hex,
     }
     request = {k: v for k, v in options.items() if v is not None}
     request.update(arrays.array_options(a.array, a.max_running))
@@ -118,8 +124,30 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
     return {"type": "submit", "argv": command, **request}
 
 
+def _submit_call(client: Client, request: dict[str, Any]) -> dict[str, Any]:
+    """Send a submit; when the connection is lost after it was sent (a daemon restart),
+    send it again, with the same request id, until the daemon answers: a repeat is
+    answered with the jobs the first made, never with new ones."""
+    deadline, sent = time.monotonic() + SUBMIT_RETRY_S, False
+    while True:
+        try:
+            return dict(calls.submit(client, cast("SubmitRequest", request)))
+        except Unreachable as exc:
+            sent = sent or exc.maybe_sent
+            if not sent or "request_id" not in request:
+                raise
+            if time.monotonic() > deadline:
+                raise Unreachable(
+                    f"{exc}; the submit may have been recorded: repeat it with "
+                    f"--request-id {request['request_id']} to be sure of one job",
+                    maybe_sent=True,
+                ) from None
+            client.reset()
+            time.sleep(SUBMIT_RETRY_PAUSE_S)
+
+
 def cmd_submit(client: Client, a: argparse.Namespace) -> int:
-    reply = calls.submit(client, cast("SubmitRequest", _submit_request(a)))
+    reply = _submit_call(client, _submit_request(a))
     if a.dry_run:
         jobs = reply["jobs"]
         _out(jobs[0] if len(jobs) == 1 else jobs)
@@ -334,6 +362,7 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--after")
     p.add_argument("--dry-run", dest="dry_run", action="store_true")
+    p.add_argument("--request-id", dest="request_id")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--batch")

@@ -21,7 +21,9 @@ class Refused(Exception):
 
 
 class Unreachable(Exception):
-    pass
+    def __init__(self, message: str, *, maybe_sent: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_sent = maybe_sent  # the daemon may have got (and done) the request
 
 
 class Client:
@@ -51,6 +53,12 @@ class Client:
             self.sock = sock
         return self.sock
 
+    def reset(self) -> None:
+        """Drop the connection; the next call connects again."""
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.buf = None, b""
+
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         sock = self._connect()
         request.setdefault("version", framing.VERSION)
@@ -61,10 +69,10 @@ class Client:
             while b"\n" not in self.buf:
                 chunk = sock.recv(1 << 20)
                 if not chunk:
-                    raise Unreachable("gpusvd closed the connection")
+                    raise Unreachable("gpusvd closed the connection", maybe_sent=True)
                 self.buf += chunk
         except (BrokenPipeError, ConnectionResetError):
-            raise Unreachable("gpusvd closed the connection") from None
+            raise Unreachable("gpusvd closed the connection", maybe_sent=True) from None
         line, _, self.buf = self.buf.partition(b"\n")
         reply: dict[str, Any] = json.loads(line)
         if not reply.get("ok"):

@@ -33,6 +33,7 @@ class Now:
 class Submit:
     specs: tuple[JobSpec, ...]
     ended_parents: dict[int, JobState] = field(default_factory=dict)  # --after, not active
+    request_id: str | None = None  # the client's: kept with the jobs, so a repeat finds them
 
 
 @dataclass(frozen=True)

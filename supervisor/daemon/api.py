@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -251,6 +252,10 @@ class Api:
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
         async with self.submitting:
+            rid = req.options.request_id
+            first = await self.store.request_ids(peer.uid, rid) if rid is not None else None
+            if first is not None:  # a repeat (a client retrying): the first jobs, not more
+                return await self._repeated(req, first)
             queued = await self.store.queued_count(peer.uid)
             if queued + len(specs) > self.cfg.max_queued_per_user:
                 raise ProtocolError(
@@ -260,10 +265,17 @@ class Api:
                 )
             for key in {s.mem_key for s in specs}:
                 await self.book.load(key)
-            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
+            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs), request_id=rid)))
         if req.type == "submit" and len(ids) == 1:
             return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
         return {"ok": True, "ids": ids}
+
+    async def _repeated(self, req: Submit, ids: list[int]) -> SubmitReply:
+        if req.type == "submit" and len(ids) == 1:
+            with contextlib.suppress(ProtocolError):  # the job may have been cleaned since
+                view = self.job_view(await self._job(ids[0]))
+                return {"ok": True, "ids": ids, "job": view, "repeated": True}
+        return {"ok": True, "ids": ids, "repeated": True}
 
     # ---- reading --------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ MAX_BATCH = 100_000
 MAX_RETRIES = 10_000
 MAX_SIZE_MB = 2**40  # a petabyte: anything larger is a typo
 MAX_LIST = 10_000
+MAX_REQUEST_ID = 256
 # A scale is a ratio the projection divides by and extrapolates with: positive, and
 # bounded so that no projection overflows.
 MIN_SCALE, MAX_SCALE = 1e-6, 1e12
@@ -238,6 +239,7 @@ class SubmitOptions:
     priority: int = 0
     after: tuple[int, ...] = ()
     dry_run: bool = False
+    request_id: str | None = None  # a repeat from the same user returns the first jobs
     stall_timeout_s: float | None = None
     share: bool = False
     array: tuple[int, ...] = ()  # one job per index, of one new array
@@ -333,11 +335,19 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         priority=f.int_("priority", 0, -1_000_000, 1_000_000) or 0,
         after=tuple(f.int_list("after", 1000)),
         dry_run=f.bool_("dry_run"),
+        request_id=_request_id(f),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
         share=f.bool_("share"),
         array=_array_indices(f),
         max_running=f.int_("max_running", None, 1, MAX_BATCH),
     )
+
+
+def _request_id(f: _Fields) -> str | None:
+    value = f.str_("request_id", None, MAX_REQUEST_ID)
+    if value is not None and not value.strip():
+        raise f.fail("request_id", "must not be empty")
+    return value
 
 
 def _array_indices(f: _Fields) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ class SubmitRequest(TypedDict, total=False):
     after: list[int]
     share: bool
     dry_run: bool
+    request_id: str
     version: int
 
 
@@ -154,6 +155,7 @@ class SubmitReply(TypedDict, total=False):
     ids: list[int]
     job: JobJson  # a single submit
     jobs: list[JobJson]  # a dry run
+    repeated: bool  # a request id seen before: the first submit's jobs
 
 
 class CancelResult(TypedDict, total=False):
