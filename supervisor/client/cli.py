@@ -98,6 +98,7 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
         "priority": a.priority,
         "after": [int(x) for x in a.after.split(",") if x] if a.after else None,
         "dry_run": a.dry_run,
+        "share": a.share or None,
     }
     request = {k: v for k, v in options.items() if v is not None}
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -300,6 +301,7 @@ def _add_submit(sub: Any) -> None:
     p = sub.add_parser("submit", help="submit a command")
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--vram")
+    p.add_argument("--share", action="store_true")
     p.add_argument("--mem")
     p.add_argument("--mem-key", dest="mem_key")
     p.add_argument("--mem-scale", dest="mem_scale", type=float)

@@ -82,6 +82,7 @@ class JobSpec:
     priority: int = 0
     after: tuple[int, ...] = ()
     stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
+    share: bool = False  # may share its one card with other shared jobs, VRAM permitting
 
 
 @dataclass(frozen=True)

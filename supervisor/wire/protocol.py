@@ -239,6 +239,7 @@ class SubmitOptions:
     after: tuple[int, ...] = ()
     dry_run: bool = False
     stall_timeout_s: float | None = None
+    share: bool = False
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         after=tuple(f.int_list("after", 1000)),
         dry_run=f.bool_("dry_run"),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
+        share=f.bool_("share"),
     )
 
 
