@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from supervisor.client import arrays
 from supervisor.client.cards import allocation_notes, health_text, util_text
 from supervisor.client.connection import Client, Refused, Unreachable
 from supervisor.wire.locations import resolve_socket
@@ -101,6 +102,9 @@ def _submit_request(a: argparse.Namespace) -> dict[str, Any]:
         "share": a.share or None,
     }
     request = {k: v for k, v in options.items() if v is not None}
+    request.update(arrays.array_options(a.array, a.max_running))
+    if a.array is not None and a.batch is not None:
+        raise ConfigError("give either --array or --batch, not both")
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if a.batch is not None:
         if command:
@@ -132,8 +136,10 @@ def cmd_submit(client: Client, a: argparse.Namespace) -> int:
 
 def cmd_list(client: Client, a: argparse.Namespace) -> int:
     states = [s for s in (a.state or "").split(",") if s]
-    reply = client.call({"type": "list", "states": states, "limit": a.limit})
-    jobs = reply["jobs"]
+    request = {"type": "list", "states": states, "limit": a.limit}
+    if a.array is not None:
+        request["array"] = a.array
+    jobs = client.call(request)["jobs"]
     if a.json:
         _out(jobs)
         return 0
@@ -148,6 +154,7 @@ def cmd_list(client: Client, a: argparse.Namespace) -> int:
         for j in jobs
     ]
     _table(rows, ["ID", "STATE", "GPUS", "COMMAND", "NOTE"])
+    sys.stdout.write("".join(f"{line}\n" for line in arrays.summaries(jobs)))
     return 0
 
 
@@ -195,6 +202,10 @@ def cmd_logs(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_cancel(client: Client, a: argparse.Namespace) -> int:
+    if a.array is not None:
+        return arrays.cancel_array(client, a.array)
+    if not a.ids:
+        raise ConfigError("cancel needs job ids or --array A")
     reply = client.call({"type": "cancel", "ids": a.ids})
     code = 0
     for r in reply["results"]:
@@ -224,7 +235,17 @@ def _wait(client: Client, ids: list[int], timeout: float | None, quiet: bool = F
 
 
 def cmd_wait(client: Client, a: argparse.Namespace) -> int:
+    if a.array is not None:
+        return _wait(client, [j["id"] for j in arrays.array_jobs(client, a.array)], a.timeout)
+    if not a.ids:
+        raise ConfigError("wait needs job ids or --array A")
     return _wait(client, a.ids, a.timeout)
+
+
+def cmd_restart(client: Client, a: argparse.Namespace) -> int:
+    if a.array is None or not a.failed:
+        raise ConfigError("restart takes --array A --failed")
+    return arrays.restart_failed(client, a.array)
 
 
 def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
@@ -302,6 +323,8 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--vram")
     p.add_argument("--share", action="store_true")
+    p.add_argument("--array")
+    p.add_argument("--max-running", dest="max_running", type=int)
     p.add_argument("--mem")
     p.add_argument("--mem-key", dest="mem_key")
     p.add_argument("--mem-scale", dest="mem_scale", type=float)
@@ -331,6 +354,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list")
     s.add_argument("--state")
     s.add_argument("--limit", type=int, default=1000)
+    s.add_argument("--array", type=int)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_list)
     s = sub.add_parser("show")
@@ -343,12 +367,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--stderr", action="store_true")
     s.set_defaults(fn=cmd_logs)
     s = sub.add_parser("cancel")
-    s.add_argument("ids", type=int, nargs="+")
+    s.add_argument("ids", type=int, nargs="*")
+    s.add_argument("--array", type=int)
     s.set_defaults(fn=cmd_cancel)
     s = sub.add_parser("wait")
-    s.add_argument("ids", type=int, nargs="+")
+    s.add_argument("ids", type=int, nargs="*")
     s.add_argument("--timeout", type=float)
+    s.add_argument("--array", type=int)
     s.set_defaults(fn=cmd_wait)
+    s = sub.add_parser("restart")
+    s.add_argument("--array", type=int)
+    s.add_argument("--failed", action="store_true")
+    s.set_defaults(fn=cmd_restart)
     for name, fn in (("gpus", cmd_gpus), ("stats", cmd_stats), ("health", cmd_health)):
         s = sub.add_parser(name)
         s.add_argument("--json", action="store_true")

@@ -83,6 +83,9 @@ class JobSpec:
     after: tuple[int, ...] = ()
     stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
     share: bool = False  # may share its one card with other shared jobs, VRAM permitting
+    array_id: int | None = None  # the array it belongs to: the id of the array's first job
+    array_index: int | None = None
+    max_running: int | None = None  # at most this many of its array run at once
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,9 @@ class Runner:
         env = apply_visibility({**job.spec.env, **user_env}, self.monitor.visibility_env(cards))
         env["GPUSV_JOB_ID"] = str(job.id)
         env["GPUSV_ATTEMPT"] = str(n)
+        if job.spec.array_id is not None:
+            env["GPUSV_ARRAY_ID"] = str(job.spec.array_id)
+            env["GPUSV_ARRAY_INDEX"] = str(job.spec.array_index)
         out, err = self.log_paths(job.id)
         return LaunchSpec(
             job_id=job.id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 import anyio
@@ -16,8 +17,8 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.commands import Changed, Dispatch
-from supervisor.core.jobqueue import DEVICE_HOLD, Key, kind_of, used_before
-from supervisor.core.jobs import JobState
+from supervisor.core.jobqueue import DEVICE_HOLD, Key, array_kind, kind_of, used_before
+from supervisor.core.jobs import JobSpec, JobState
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
@@ -83,6 +84,8 @@ class Dispatcher:
                 held_since=self.table.held_since.get(job_id),
                 hold_reason=job.hold_reason,  # type: ignore[arg-type]
                 share=job.spec.share,
+                array=job.spec.array_id,
+                cap=job.spec.max_running,
             )
 
     def running_use(self) -> list[admission.RunningJob]:
@@ -93,10 +96,16 @@ class Dispatcher:
                 rss_mb=self.rss_mb(job_id),
                 gpus=r.cards,
                 vram_reserved_mb=r.vram_reserved_mb,
-                shared=self.table.jobs[job_id].spec.share if job_id in self.table.jobs else False,
+                shared=spec.share if spec else False,
+                array=spec.array_id if spec else None,
             )
             for job_id, r in self.table.live.items()
+            for spec in [self._spec(job_id)]
         ]
+
+    def _spec(self, job_id: int) -> JobSpec | None:
+        job = self.table.jobs.get(job_id)
+        return job.spec if job else None
 
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
@@ -128,6 +137,7 @@ class Dispatcher:
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()
         full = {kind for kind, n in free.items() if n <= 0}
+        free.update(self._array_room())
         plan = self._plan(cards, free, now, now_wall)
         if plan.starts or plan.holds:
             projections = {
@@ -141,7 +151,7 @@ class Dispatcher:
     def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
         """Settle jobs held for their kind of device while none of it was free: in a pass
         that began so, or (needing one unit) in one that used the last unit up."""
-        settle = []
+        settle, capped = [], []
         for hold in holds:
             job = self.table.jobs.get(hold.job_id)
             if job is None or job.state is not JobState.QUEUED:
@@ -149,7 +159,25 @@ class Dispatcher:
             kind = kind_of(job)
             if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
                 settle.append(job)
+            elif hold.reason == "array":
+                capped.append(job)
         self.table.queue.settle(settle, self.table.held_since)
+        self.table.queue.settle_array(capped)
+
+    def _array_room(self) -> dict[str, int]:
+        """For each array with settled jobs: how many more of it may run now."""
+        running: Counter[int] = Counter()
+        for job_id in self.table.live:
+            spec = self._spec(job_id)
+            if spec is not None and spec.array_id is not None:
+                running[spec.array_id] += 1
+        room = {}
+        for kind, keys in self.table.queue.settled.items():
+            spec = self._spec(keys[0][1]) if kind.startswith("array:") and keys else None
+            if spec is not None and spec.array_id is not None:
+                cap = spec.max_running or 0
+                room[kind] = max(0, cap - running[spec.array_id])
+        return room
 
     def _plan(
         self, cards: list[admission.Card], free: dict[str, int], now: float, now_wall: float
@@ -178,7 +206,18 @@ class Dispatcher:
             started = [(self.table.jobs[s.job_id], s.gpus) for s in plan.starts]
             cuts = self.table.queue.cuts(ends)
             idle = {c.index for c in cards if c.healthy and not c.running}
-            if all(used_before(started, k, key, idle) >= free[k] for k, key in cuts.items()):
+            # An array's jobs are alike: once one was held for a device or RAM, the rest of
+            # it would have been too.
+            blocked = {
+                array_kind(job.spec.array_id)
+                for h in plan.holds
+                if h.reason != "array"
+                and (job := self.table.jobs[h.job_id]).spec.array_id is not None
+            }
+            if all(
+                k in blocked or used_before(started, k, key, idle) >= free.get(k, 0)
+                for k, key in cuts.items()
+            ):
                 return plan
             w *= 8
 

@@ -240,6 +240,8 @@ class SubmitOptions:
     dry_run: bool = False
     stall_timeout_s: float | None = None
     share: bool = False
+    array: tuple[int, ...] = ()  # one job per index, of one new array
+    max_running: int | None = None  # of the array (or the batch) at most this many at once
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,7 @@ class ListJobs:
     limit: int = 1000
     before_id: int | None = None
     type: str = "list"
+    array: int | None = None  # only the jobs of this array
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,15 @@ class Simple:
     type: str
 
 
-Request = Submit | ListJobs | JobRef | Simple
+@dataclass(frozen=True)
+class ArrayRef:
+    """restart_array: the failed indices of an array, submitted again."""
+
+    type: str
+    array: int
+
+
+Request = Submit | ListJobs | JobRef | Simple | ArrayRef
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 SIMPLE_TYPES = ("ping", "gpus", "stats", "health", "metrics", "top")
 
@@ -324,7 +335,23 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         dry_run=f.bool_("dry_run"),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
         share=f.bool_("share"),
+        array=_array_indices(f),
+        max_running=f.int_("max_running", None, 1, MAX_BATCH),
     )
+
+
+def _array_indices(f: _Fields) -> tuple[int, ...]:
+    value = f._get("array")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BATCH:
+        raise f.fail("array", f"must be a list of 1 to {MAX_BATCH} indices")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_ID:
+            raise f.fail("array", "indices are integers from 0 that fit 63 bits")
+    if len(set(value)) != len(value):
+        raise f.fail("array", "an index appears twice")
+    return tuple(value)
 
 
 def _parse_submit(f: _Fields, batch: bool) -> Submit:
@@ -345,6 +372,10 @@ def _parse_submit(f: _Fields, batch: bool) -> Submit:
             raise ProtocolError(BAD_REQUEST, "a command must have a non-empty program name")
     options = _submit_options(f)
     f.done()
+    if options.array:
+        if batch:
+            raise f.fail("array", "an array repeats one command; a batch has its own")
+        argvs = argvs * len(options.array)
     return Submit(argvs=tuple(tuple(a) for a in argvs), options=options)
 
 
@@ -384,8 +415,13 @@ def parse_request(obj: dict[str, Any]) -> Request:
                 raise f.fail("states", f"unknown state '{state}'")
         limit = f.int_("limit", 1000, 1, MAX_LIST) or 1000
         before = f.int_("before_id", None, 1, MAX_ID)
+        array = f.int_("array", None, 1, MAX_ID)
         f.done()
-        return ListJobs(tuple(states), limit, before)
+        return ListJobs(tuple(states), limit, before, array=array)
+    if kind == "restart_array":
+        array = f.req_int("array", 1, MAX_ID)
+        f.done()
+        return ArrayRef(kind, array)
     if kind in ("show", "cancel", "wait", "logs"):
         return _parse_ref(kind, f)
     if kind in SIMPLE_TYPES:
