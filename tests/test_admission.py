@@ -102,7 +102,7 @@ def test_the_story_two_63_gb_jobs_do_not_start_together() -> None:
     # 114 GB free (MemAvailable 120 less the 6 GB reserve): the first fits, 51 GB remain.
     p = run([cand(1, mb=63 * GB), cand(2, mb=63 * GB)])
     assert p.starts == (Start(1, (0,), 0),)
-    assert p.holds == (Hold(2, "host_ram", "waiting for host RAM: needs ~63 GB, ~51 GB free"),)
+    assert p.holds == (Hold(2, "host_ram", "waiting for host RAM: needs ~63 GiB, ~51 GiB free"),)
 
 
 def test_held_while_an_older_job_is_projected_to_grow() -> None:
@@ -213,7 +213,7 @@ def test_vram_goes_to_a_card_that_has_it_and_is_reserved() -> None:
     p = run([cand(1, vram_mb=20 * GB), cand(2, vram_mb=20 * GB)], cards=cards)
     assert p.starts == (Start(1, (1,), 20 * GB),)
     assert p.holds == (
-        Hold(2, "vram", "waiting for VRAM: needs ~20 GB on one card, ~8 GB free at most"),
+        Hold(2, "vram", "waiting for VRAM: needs ~20 GiB on one card, ~8 GiB free at most"),
     )
 
 
@@ -227,7 +227,7 @@ def test_gang_vram_message_counts_the_cards_that_have_it() -> None:
     cards = [Card(0, CARD, 0, True, ()), Card(1, CARD, 20 * GB, True, ())]
     p = run([cand(1, gpus=2, vram_mb=20 * GB)], cards=cards)
     assert p.holds == (
-        Hold(1, "vram", "waiting for VRAM: needs ~20 GB on each of 2 cards, 1 have it"),
+        Hold(1, "vram", "waiting for VRAM: needs ~20 GiB on each of 2 cards, 1 have it"),
     )
 
 
@@ -304,10 +304,10 @@ def test_same_input_same_plan() -> None:
 
 
 def test_gb_rounds_for_people() -> None:
-    assert gb(95_232) == "~93 GB"
-    assert gb(1536) == "~1.5 GB"
-    assert gb(2048) == "~2 GB"
-    assert gb(0) == "~0 GB"
+    assert gb(95_232) == "~93 GiB"
+    assert gb(1536) == "~1.5 GiB"
+    assert gb(2048) == "~2 GiB"
+    assert gb(0) == "~0 GiB"
 
 
 jobs = st.lists(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import grp
 import os
 import pwd
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,12 +15,21 @@ import anyio
 
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.projection import mem_key
-from supervisor.daemon import views
+from supervisor.daemon import joblogs, jobrows, views
 from supervisor.daemon.config import Config
 from supervisor.daemon.scheduler import Scheduler
 from supervisor.daemon.server import Peer
+from supervisor.daemon.verbs import Verbs
 from supervisor.wire import protocol
-from supervisor.wire.protocol import JobRef, ListJobs, ProtocolError, Request, Simple, Submit
+from supervisor.wire.protocol import (
+    Clean,
+    JobRef,
+    ListJobs,
+    ProtocolError,
+    Request,
+    Simple,
+    Submit,
+)
 
 LOG_CHUNK = 512 * 1024
 
@@ -48,6 +59,7 @@ class Api:
         self.logs_dir = cfg.state_dir / "logs"
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
+        self.verbs = Verbs(self)
 
     # ---- identity -------------------------------------------------------------------
 
@@ -95,11 +107,18 @@ class Api:
                 "cancel": self.cancel,
                 "wait": self.wait,
                 "logs": self.logs,
+                "restart": self.verbs.restart,
+                "hold": self.verbs.hold,
+                "release": self.verbs.hold,
             }[req.type]
             return await handler(req, peer)
+        if isinstance(req, Clean):
+            return await self.verbs.clean(req, peer)
         assert isinstance(req, Simple)
         if req.type == "ping":
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
+        if req.type in ("pause", "resume"):
+            return await self.verbs.pause(peer, req.type == "pause")
         if req.type not in self.simple:
             raise ProtocolError(protocol.UNKNOWN_TYPE, f"'{req.type}' is not served here")
         return await self.simple[req.type](peer)
@@ -110,8 +129,10 @@ class Api:
         opts = req.options
         cards = self.card_count()
         if opts.gpus > cards:
+            hint = "; submit with --gpus 0 for a CPU-only job" if cards == 0 else ""
             raise ProtocolError(
-                protocol.BAD_REQUEST, f"asks for {opts.gpus} GPUs; this machine has {cards}"
+                protocol.BAD_REQUEST,
+                f"asks for {opts.gpus} GPUs; this machine has {cards or 'none'}{hint}",
             )
         if opts.vram_mb is not None and opts.gpus and opts.vram_mb > self.card_vram_mb():
             raise ProtocolError(
@@ -120,7 +141,7 @@ class Api:
                 f"{self.card_vram_mb()} MiB",
             )
 
-    async def _check_after(self, after: tuple[int, ...]) -> None:
+    async def check_after(self, after: tuple[int, ...]) -> None:
         for parent in after:
             if parent not in self.sched.jobs and await self.store.get_job(parent) is None:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
@@ -136,7 +157,7 @@ class Api:
                 env=opts.env,
                 owner_uid=peer.uid,
                 owner_gid=peer.gid,
-                name=opts.name,
+                name=req.names[i] if req.names else opts.name,
                 labels=opts.labels,
                 gpus=opts.gpus,
                 vram_mb=opts.vram_mb,
@@ -151,8 +172,9 @@ class Api:
                 progress_regex=opts.progress_regex,
                 priority=opts.priority,
                 after=opts.after,
+                time_limit_s=opts.time_limit_s,
             )
-            for argv in req.argvs
+            for i, argv in enumerate(req.argvs)
         ]
 
     async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
@@ -160,7 +182,7 @@ class Api:
         if self.sched.draining and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self._check_fits(req)
-        await self._check_after(req.options.after)
+        await self.check_after(req.options.after)
         specs = self.specs(req, peer)
         if req.options.dry_run:
             out = []
@@ -170,33 +192,47 @@ class Api:
                 out.append(views.job_json(job, host_memory=self.sched.projection(spec)))
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
-        async with self.submitting:
-            queued = await self.store.queued_count(peer.uid)
-            if queued + len(specs) > self.cfg.max_queued_per_user:
-                raise ProtocolError(
-                    protocol.LIMIT,
-                    f"uid {peer.uid} has {queued} active jobs; the limit is "
-                    f"{self.cfg.max_queued_per_user}",
-                )
-            jobs = await self.sched.submit(specs)
+        jobs = await self.enqueue(specs, peer.uid)
+        if req.options.run:
+            self.verbs.bind(peer, jobs[0].id)
         if req.type == "submit" and len(jobs) == 1:
             job = jobs[0]
             return {"ok": True, "ids": [job.id], "job": self.job_view(job)}
         return {"ok": True, "ids": [j.id for j in jobs]}
+
+    async def enqueue(self, specs: list[JobSpec], uid: int) -> list[Job]:
+        """Queue new jobs of `uid`, within its cap of active jobs."""
+        async with self.submitting:
+            queued = await self.store.queued_count(uid)
+            if queued + len(specs) > self.cfg.max_queued_per_user:
+                raise ProtocolError(
+                    protocol.LIMIT,
+                    f"uid {uid} has {queued} active jobs; the limit is "
+                    f"{self.cfg.max_queued_per_user}",
+                )
+            return await self.sched.submit(specs)
 
     # ---- reading --------------------------------------------------------------------
 
     def job_view(self, job: Job) -> dict[str, Any]:
         return views.job_json(job, host_memory=self.sched.projection(job.spec))
 
-    async def _job(self, job_id: int) -> Job:
+    async def job(self, job_id: int) -> Job:
         job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
         if job is None:
             raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
         return job
 
     async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
-        rows = await self.store.list_jobs(req.states, req.limit, req.before_id)
+        since = None if req.recent_s is None else time.time() - req.recent_s
+        rows = await jobrows.list_jobs(
+            self.store,
+            req.states,
+            req.limit,
+            req.before_id,
+            owner_uid=req.owner_uid,
+            ended_since=since,
+        )
         admin = self.is_admin(peer.uid)  # once: a group lookup may go to the network
         out = []
         for row in rows:
@@ -207,7 +243,7 @@ class Api:
         return {"ok": True, "jobs": out}
 
     async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        job = await self._job(req.ids[0])
+        job = await self.job(req.ids[0])
         if not self.may_act(peer, job):
             raise _forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
         await self.sched.load_history(job.spec.mem_key)
@@ -223,7 +259,20 @@ class Api:
             obj["attempts"][-1]["rss_mb"] = live.rss_mb
         return {"ok": True, "job": obj}
 
+    async def cancel_one(self, job_id: int, why: str) -> str:
+        """Cancel one active job; its new state (cancelling: stopping a running one)."""
+        job = self.sched.jobs.get(job_id)
+        if job is None:
+            return "gone"
+        if job.state is JobState.QUEUED:
+            await self.sched.cancel_queued(job, why)
+            return "cancelled"
+        await self.stop_job(job_id)
+        return "cancelling"
+
     async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        if req.all:
+            req = dataclasses.replace(req, ids=self.verbs.own_active(peer))
         for job_id in req.ids:  # all allowed, or nothing is cancelled
             job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
             if job is not None and not self.may_act(peer, job):
@@ -231,50 +280,43 @@ class Api:
         results = []
         for job_id in req.ids:
             try:
-                job = await self._job(job_id)
+                job = await self.job(job_id)
             except ProtocolError as exc:
                 results.append({"id": job_id, "ok": False, "error": exc.message})
                 continue
             if job.state.terminal:
                 results.append({"id": job_id, "ok": False, "error": f"already {job.state.value}"})
-            elif job.state is JobState.QUEUED:
-                await self.sched.cancel_queued(job)
-                results.append({"id": job_id, "ok": True, "state": "cancelled"})
             else:
-                await self.stop_job(job_id)
-                results.append({"id": job_id, "ok": True, "state": "cancelling"})
+                state = await self.cancel_one(job_id, f"cancelled by uid {peer.uid}")
+                results.append({"id": job_id, "ok": True, "state": state})
         return {"ok": True, "results": results}
 
     async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
         done: list[dict[str, Any]] = []
         with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
             for job_id in req.ids:
-                job = await self._job(job_id)
+                job = await self.job(job_id)
                 while not job.state.terminal:
                     event = anyio.Event()
                     self.sched.waiters.setdefault(job_id, []).append(event)
                     await event.wait()
-                    job = await self._job(job_id)
+                    job = await self.job(job_id)
                 view = self.job_view(job)
                 done.append(view if self.may_act(peer, job) else views.public_view(view))
             return {"ok": True, "jobs": done, "timed_out": False}
         return {"ok": True, "jobs": done, "timed_out": True}
 
     async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        job = await self._job(req.ids[0])
+        job = await self.job(req.ids[0])
         if not self.may_act(peer, job):
             raise _forbidden(f"logs of job {job.id}")
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(req.offset)
-                data = fh.read(LOG_CHUNK)
-        except FileNotFoundError:
-            data = b""
+        data, offset, size = joblogs.read(path, req.offset, LOG_CHUNK, req.tail_lines)
         return {
             "ok": True,
             "data_b64": base64.b64encode(data).decode(),
-            "offset": req.offset + len(data),
-            "done": job.state.terminal and len(data) < LOG_CHUNK,
+            "offset": offset + len(data),
+            "size": size,
+            "done": job.state.terminal and offset + len(data) >= size,
             "state": job.state.value,
         }

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
@@ -22,8 +21,9 @@ import anyio.abc
 import structlog
 
 from supervisor.core.jobs import FailureReason, Job, JobState
-from supervisor.daemon import logs, oom, runner
+from supervisor.daemon import joblogs, logs, oom, runner
 from supervisor.daemon.api import Api
+from supervisor.daemon.args import parse_args
 from supervisor.daemon.attempts import AttemptRunner
 from supervisor.daemon.clock import iso_from_epoch
 from supervisor.daemon.config import Config, ConfigError, load
@@ -47,6 +47,7 @@ from supervisor.daemon.systemd import (
 )
 from supervisor.daemon.telemetry import Telemetry
 from supervisor.gpus import open_backend
+from supervisor.wire.locations import config_path
 
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
@@ -179,6 +180,7 @@ async def build(cfg: Config) -> Parts:
     )
     api_parts["api"] = api
     server.admit = api.admit
+    server.on_close = api.verbs.connection_closed
     telemetry.may_see = api.may_act
     telemetry.may_see_uid = lambda peer, uid: peer.uid == uid or api.is_admin(peer.uid)
     return parts
@@ -313,6 +315,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
+            tg.start_soon(joblogs.retention_task, parts.cfg, lambda: set(parts.sched.jobs))
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
             parts.notifier.ready()
@@ -350,8 +353,8 @@ async def run(cfg: Config) -> int:
     if runner.become_subreaper():
         log.debug("child subreaper set")
     warning = oom.daemon_self_adjust()
-    if warning:
-        log.warning(warning)
+    if warning:  # normal off systemd (no CAP_SYS_RESOURCE): worth a line, not a warning
+        log.info(warning)
     parts = await build(cfg)
     try:
         async with anyio.create_task_group() as tg:
@@ -364,18 +367,6 @@ async def run(cfg: Config) -> int:
     return 0
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpusvd", description="gpusv job supervisor daemon")
-    p.add_argument("--config", type=Path)
-    p.add_argument("--state-dir", dest="state_dir")
-    p.add_argument("--socket")
-    p.add_argument("--simulate-gpus", dest="simulate_gpus")
-    p.add_argument("--kernel-log", dest="kernel_log")
-    p.add_argument("--log-format", dest="log_format")
-    p.add_argument("--log-level", dest="log_level", default="info")
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     flags = {
@@ -385,7 +376,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         and v is not None
     }
     try:
-        cfg = load(args.config, flags=flags, env=os.environ, uid=os.geteuid())
+        path = config_path(args.config, os.environ)
+        cfg = load(path, flags=flags, env=os.environ, uid=os.geteuid())
         abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
         logs.configure(cfg.log_format, args.log_level)
     except (ConfigError, ValueError) as exc:

@@ -21,7 +21,7 @@ import structlog
 from supervisor.core import retry
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobState, classify_exit, transition
 from supervisor.core.projection import MemObservation
-from supervisor.daemon import oom
+from supervisor.daemon import joblogs, oom
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.runner import LaunchSpec, ProcessTable, SpawnError, spawn
 from supervisor.daemon.scheduler import Running, Scheduler
@@ -80,7 +80,11 @@ class AttemptRunner:
         env = apply_visibility({**job.spec.env, **user_env}, self.visibility_env(r.cards))
         env["GPUSV_JOB_ID"] = str(job.id)
         env["GPUSV_ATTEMPT"] = str(r.attempt.n)
+        if self.cfg.logs.python_unbuffered:  # so that `logs -f` is live for Python jobs
+            env.setdefault("PYTHONUNBUFFERED", "1")
         out, err = self.log_paths(job.id)
+        if r.attempt.n > 1:  # where one attempt's output ends and the next one's starts
+            joblogs.append((out, err), joblogs.header(job.id, r.attempt.n, r.attempt.started_at))
         return LaunchSpec(
             job_id=job.id,
             attempt=r.attempt.n,
@@ -245,8 +249,11 @@ class AttemptRunner:
         if reason is None:
             done = transition(job, JobState.SUCCEEDED, at, None, exit_code=0)
             return done, [Event("exited", "exited 0", {"exit_code": 0})]
+        limit = job.spec.time_limit_s
         message = spawn_error or (
-            f"exit code {status.exit_code}"
+            f"past its wall-time limit of {limit:g}s"
+            if reason is FailureReason.TIMEOUT and limit
+            else f"exit code {status.exit_code}"
             if status and status.exit_code is not None
             else f"killed by signal {status.signal}"
             if status

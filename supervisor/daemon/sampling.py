@@ -3,6 +3,7 @@ the no-progress watchdog. One pass over /proc per interval for all jobs, off the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -13,7 +14,8 @@ import anyio.abc
 import structlog
 
 from supervisor.core.jobs import FailureReason, Job
-from supervisor.daemon import oom
+from supervisor.daemon import joblogs, oom
+from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.memory import TreeSampler, read_meminfo
 from supervisor.daemon.runner import reap_orphans
 from supervisor.faults.watchdog import ProgressTracker, check_progress
@@ -71,6 +73,7 @@ class Sampler:
         self.hangs.note_memory(meminfo.available_mb)
         await self._squeeze(meminfo.available_mb)
         await self._watchdog(running)
+        await self._limits(running)
         leaders = {r.handle.pid for r in self.sched.running.values() if r.handle}
         reap_orphans(leaders)
         if self.sched.held_counts():
@@ -99,6 +102,25 @@ class Sampler:
             assert self.sched.tg is not None
             self.sched.tg.start_soon(self.attempts.stop, r, FailureReason.OOM_KILLED, evidence)
 
+    async def _limits(self, running: list[Running]) -> None:
+        """Wall-time limits (--time), and the size cap of the jobs' logs."""
+        now = time.time()
+        for r in running:
+            job = self.sched.jobs.get(r.job_id)
+            limit = job.spec.time_limit_s if job else None
+            if limit and r.kill_reason is None and past_limit(r.attempt.started_at, limit, now):
+                log.info("wall-time limit reached", job_id=r.job_id, limit_s=limit)
+                evidence = {"source": "time_limit", "limit_s": limit}
+                assert self.sched.tg is not None
+                self.sched.tg.start_soon(self.attempts.stop, r, FailureReason.TIMEOUT, evidence)
+        cap = self.sched.cfg.logs.max_size
+        for r in running:
+            for path in self.attempts.log_paths(r.job_id):
+                with contextlib.suppress(OSError):
+                    if os.stat(path).st_size > cap:
+                        cut = await anyio.to_thread.run_sync(joblogs.cap, path, cap)
+                        log.info("job log cut", job_id=r.job_id, path=str(path), bytes=cut)
+
     def _progress(self, r: Running, now: float) -> ProgressTracker:
         job = self.sched.jobs.get(r.job_id)
         if r.tracker is None:
@@ -112,6 +134,8 @@ class Sampler:
                 continue
             key = (r.job_id * 2 + stream, r.attempt.n)
             offset = self.offsets.setdefault(key, size if r.attempt.n > 1 else 0)
+            if size < offset:  # the log was cut (logs.max_size)
+                self.offsets[key] = offset = size
             if size > offset:
                 if job and job.spec.progress_regex:
                     r.tracker.on_output(_read(path, offset, size), now)
@@ -147,6 +171,11 @@ class Sampler:
                 await self.hangs.watchdog_hang(r, evidence)
         for key in [k for k in self.offsets if k[0] // 2 not in self.sched.running]:
             del self.offsets[key]
+
+
+def past_limit(started_at: str, limit_s: float, now: float) -> bool:
+    """Whether an attempt started then has run past its wall-time limit. Pure."""
+    return now - epoch_from_iso(started_at) > limit_s
 
 
 def _with_progress(job: Job, match: str) -> Job:

@@ -7,6 +7,7 @@ in memory, indexed so that a pass never scans the whole queue when nothing can s
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,7 @@ class Scheduler:
         self.observers: list[Callable[[Job | None, Job], None]] = []
         self.wake = anyio.Event()
         self.draining = False
+        self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         self.seq = 0
         self.cards: list[admission.Card] = []
         self.launch: Any = None  # set by the daemon: async (job, start) -> None
@@ -165,7 +167,7 @@ class Scheduler:
     def _candidates(self, now_wall: float, keys: Iterable[Key]) -> Iterator[admission.Candidate]:
         for _prio, job_id in keys:
             job = self.jobs[job_id]
-            if job.not_before > now_wall or job_id in self.pending_deps:
+            if job.not_before > now_wall or job_id in self.pending_deps or job.held:
                 continue
             yield admission.Candidate(
                 job_id=job_id,
@@ -207,10 +209,8 @@ class Scheduler:
 
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any."""
-        if self.draining or self.launch is None or not self.queue:
+        if self.draining or self.paused or self.launch is None or not self.queue:
             return None
-        import time
-
         now_wall, now, cards = time.time(), monotonic(), self.cards_now()
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()
@@ -388,9 +388,9 @@ class Scheduler:
         self.pending_deps.pop(job_id, None)  # only now: until then it must not be dispatched
         self.put(failed)
 
-    async def cancel_queued(self, job: Job) -> Job:
+    async def cancel_queued(self, job: Job, why: str = "cancelled") -> Job:
         cancelled = transition(job, JobState.CANCELLED, now_iso(), FailureReason.CANCELLED)
-        await self.store.save(cancelled, now_iso(), Event("cancelled", "cancelled while queued"))
+        await self.store.save(cancelled, now_iso(), Event("cancelled", f"{why} while queued"))
         self.pending_deps.pop(job.id, None)
         self.put(cancelled)
         return cancelled

@@ -34,6 +34,7 @@ class Peer:
     uid: int
     gid: int
     pid: int
+    conn: int = 0  # which connection: what `run` jobs are tied to
 
 
 Handler = Callable[[Request, Peer], Awaitable[dict[str, Any]]]
@@ -52,10 +53,10 @@ REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cu
 _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-def peer_of(sock: socket.socket) -> Peer:
+def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(uid=uid, gid=gid, pid=pid)
+    return Peer(uid=uid, gid=gid, pid=pid, conn=conn)
 
 
 def probe_stale(path: Path) -> None:
@@ -135,6 +136,9 @@ class Server:
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
         self.connections = 0
+        self.serial = 0
+        # Told of every admitted connection's end (sync: it may only schedule work).
+        self.on_close: Callable[[Peer], None] = lambda _peer: None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await bind(self.path, self.mode, self.group)
@@ -195,11 +199,18 @@ class Server:
             busy = f"gpusvd is serving its limit of {self.max_connections} connections; retry"
             await self._refuse(conn, protocol.BUSY, busy)
             return
-        peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket))
+        self.serial += 1
+        peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket), self.serial)
         refused = self.admit(peer)
         if refused is not None:
             await self._refuse(conn, protocol.FORBIDDEN, refused)
             return
+        try:
+            await self._requests(conn, peer)
+        finally:
+            self.on_close(peer)
+
+    async def _requests(self, conn: anyio.abc.SocketStream, peer: Peer) -> None:
         reader = BufferedByteReceiveStream(conn)
         while True:
             try:
