@@ -61,7 +61,7 @@ def test_cancel_kills_the_whole_tree_including_a_setsid_grandchild(daemon: Daemo
     job = daemon.submit("sh", "-c", script)
     daemon.wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="pidfile")
     grandchild = int(pidfile.read_text())
-    leader = daemon.wait_state(job, "running")["attempts"][0]["pid"]
+    leader = daemon.wait_pid(job)
     assert psutil.pid_exists(grandchild)
     result = daemon.cli("cancel", str(job))
     assert "cancelling" in result.stdout
@@ -120,7 +120,7 @@ def test_kill_9_mid_run_then_restart_loses_nothing_and_charges_nothing(
     daemon: Daemon,
 ) -> None:
     running = daemon.submit("sleep", "300")
-    leader = daemon.wait_state(running, "running")["attempts"][0]["pid"]
+    leader = daemon.wait_pid(running)
     queued = [daemon.submit("sleep", "0.1", gpus=2) for _ in range(3)]
     daemon.kill9()
     assert psutil.pid_exists(leader)  # jobs live in sessions of their own
@@ -139,7 +139,7 @@ def test_kill_9_mid_run_then_restart_loses_nothing_and_charges_nothing(
 
 def test_sigterm_drains_running_jobs_as_interrupted(daemon: Daemon) -> None:
     job = daemon.submit("sleep", "300")
-    leader = daemon.wait_state(job, "running")["attempts"][0]["pid"]
+    leader = daemon.wait_pid(job)
     assert daemon.stop(signal.SIGTERM) == 0
     assert not psutil.pid_exists(leader) or psutil.Process(leader).status() == "zombie"
     daemon.start()

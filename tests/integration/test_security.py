@@ -257,7 +257,7 @@ def test_a_socket_group_that_does_not_exist_stops_the_start(
 
 def test_a_second_daemon_on_the_socket_leaves_the_first_ones_jobs_alone(daemon: Daemon) -> None:
     job = daemon.submit("sleep", "30", gpus=0)
-    pid = daemon.wait_state(job, "running")["attempts"][0]["pid"]
+    pid = daemon.wait_pid(job)
     result = subprocess.run(daemon.argv(), capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "already serving" in result.stderr
     assert psutil.pid_exists(pid) and daemon.show(job)["state"] == "running"
