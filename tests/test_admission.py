@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import overload
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -407,3 +408,115 @@ def test_a_plan_never_overbooks(
         if mb is not None and (running or booked or s != p.starts[0]):
             assert booked + mb.projected_mb <= free
         booked += mb.projected_mb if mb is not None else 0
+
+
+# --- which barrier blocks whom, by table ------------------------------------------------
+
+
+def test_behind_a_starving_cpu_job_gpu_jobs_still_start() -> None:
+    # No CPU slot free: the CPU job is held past the limit and becomes the barrier; a
+    # GPU job takes nothing it waits for.
+    candidates = [cand(1, gpus=0, held_since=NOW - WAIT), cand(2), cand(3, gpus=0)]
+    p = run(candidates, cards=idle(0), cpu=0)
+    assert p.starts == (Start(2, (0,), 0),)
+    assert p.holds == (Hold(1, "cpu", "waiting for a free CPU slot"),)
+
+
+def test_the_ram_of_a_starving_cpu_job_is_set_aside_from_gpu_jobs() -> None:
+    # Free: min(128000 - 10240, 122880) - 6144 = 111616 MB; 100 GB set aside leaves 9 GB.
+    cards = [*idle(0, 2), busy_card(1, 9)]
+    running = [running_job(9, 10 * GB, 10 * GB, (1,))]
+    candidates = [
+        cand(1, gpus=0, mb=100 * GB, held_since=NOW - WAIT),
+        cand(2, mb=20 * GB),
+        cand(3, mb=5 * GB),
+    ]
+    p = run(candidates, cards=cards, running=running, cpu=0)
+    assert p.starts == (Start(3, (0,), 0),)
+    assert p.holds == (
+        Hold(1, "cpu", "waiting for a free CPU slot"),
+        Hold(2, "host_ram", "waiting for host RAM: needs ~20 GB, ~9 GB free"),
+    )
+
+
+def test_behind_a_starving_vram_job_gpu_jobs_wait_and_cpu_jobs_run() -> None:
+    cards = [Card(0, CARD, 4 * GB, True, ())]  # 20 GB free of 24
+    candidates = [
+        cand(1, vram_mb=22 * GB, held_since=NOW - WAIT),
+        cand(2, vram_mb=1 * GB),
+        cand(3, gpus=0),
+    ]
+    p = run(candidates, cards=cards, cpu=1)
+    assert p.starts == (Start(3, (), 0),)
+    assert p.holds == (
+        Hold(1, "vram", "waiting for VRAM: needs ~22 GB on one card, ~20 GB free at most"),
+        Hold(2, "vram", "waiting behind job 1, which waits for VRAM"),
+    )
+
+
+def test_a_job_held_just_under_the_limit_is_no_barrier() -> None:
+    candidates = [cand(1, gpus=2, held_since=NOW - WAIT + 1), cand(2)]
+    p = run(candidates, cards=[*idle(0), busy_card(1, 9)], running=[running_job(9, None, 1)])
+    assert p.starts == (Start(2, (0,), 0),)
+    assert p.holds == (Hold(1, "gpus", "waiting for 2 free GPUs, 1 free"),)
+
+
+def test_a_job_never_held_is_no_barrier() -> None:
+    p = run([cand(1, gpus=2), cand(2)], cards=[*idle(0), busy_card(1, 9)])
+    assert p.starts == (Start(2, (0,), 0),)
+
+
+def test_only_the_first_starving_job_is_the_barrier() -> None:
+    # Job 1 waits for a CPU slot (GPU jobs pass it); job 2 also starves, for cards, but
+    # the barrier is already job 1's, so GPU job 3 still starts.
+    cards = [*idle(0), busy_card(1, 9)]
+    candidates = [
+        cand(1, gpus=0, held_since=NOW - WAIT),
+        cand(2, gpus=2, held_since=NOW - WAIT),
+        cand(3),
+    ]
+    p = run(candidates, cards=cards, running=[running_job(9, None, 1)], cpu=0)
+    assert p.starts == (Start(3, (0,), 0),)
+    assert [h.job_id for h in p.holds] == [1, 2]
+
+
+def test_a_vram_request_is_booked_on_each_card_of_a_gang() -> None:
+    p = run([cand(1, gpus=2, vram_mb=3 * GB)], cards=idle(0, 1))
+    assert p.starts == (Start(1, (0, 1), 3 * GB),)
+
+
+def test_a_job_with_exactly_the_free_ram_starts() -> None:
+    running = [running_job(9, 10 * GB, 10 * GB, (1,))]
+    cards = [*idle(0), busy_card(1, 9)]
+    p = run([cand(1, mb=111_616)], cards=cards, running=running)
+    assert p.starts == (Start(1, (0,), 0),)
+    p = run([cand(1, mb=111_617)], cards=cards, running=running)
+    assert p.holds == (Hold(1, "host_ram", "waiting for host RAM: needs ~109 GB, ~109 GB free"),)
+
+
+@pytest.mark.parametrize(
+    ("limit", "available", "reserve", "running", "free"),
+    [
+        (100_000, 100_000, 0, [], 100_000),
+        (100_000, 100_000, 1_000, [], 99_000),
+        (100_000, 50_000, 0, [], 50_000),
+        # projected 30000, RSS 10000: the ledger books 30000, the machine still owes 20000
+        (100_000, 100_000, 0, [(30_000, 10_000)], 70_000),
+        (100_000, 60_000, 0, [(30_000, 10_000)], 40_000),
+        # past its projection: RSS counts, nothing more to grow
+        (100_000, 100_000, 0, [(30_000, 50_000)], 50_000),
+        # no projection: RSS only
+        (100_000, 100_000, 0, [(None, 20_000)], 80_000),
+        (100_000, 90_000, 500, [(None, 20_000), (40_000, 5_000)], 39_500),
+        (10_000, 100_000, 0, [(30_000, 10_000)], -20_000),  # overbooked: negative
+    ],
+)
+def test_free_for_new_by_table(
+    limit: int,
+    available: int,
+    reserve: int,
+    running: list[tuple[int | None, int]],
+    free: int,
+) -> None:
+    jobs = [running_job(i, mb, rss) for i, (mb, rss) in enumerate(running)]
+    assert free_for_new_mb(HostMemory(limit, available, reserve), jobs) == free

@@ -106,22 +106,63 @@ def test_preexec_hook_fails_the_spawn_when_it_cannot_set_the_value() -> None:
         subprocess.run(["true"], preexec_fn=oom.preexec_oom_score_adj(5000), timeout=30)
 
 
-def test_daemon_self_adjust_lowers_itself_or_says_what_is_lost() -> None:
-    code = (
-        "import json; from supervisor.daemon import oom;"
-        "w = oom.daemon_self_adjust(); print(json.dumps([w, oom.read_value()]))"
-    )
-    before = oom.read_value()
+SELF_ADJUST = (
+    "import json; from supervisor.daemon import oom;"
+    "w = oom.daemon_self_adjust(); print(json.dumps([w, oom.read_value()]))"
+)
+
+
+def _self_adjust(start: int, *, drop_cap: bool) -> tuple[str | None, int]:
+    """daemon_self_adjust in a fresh process that starts at `start`, with or without
+    CAP_SYS_RESOURCE (setpriv drops it from the bounding set, so root exec()s without)."""
+    prefix = "exec setpriv --bounding-set=-sys_resource" if drop_cap else "exec"
+    script = f'echo {start} > /proc/self/oom_score_adj; {prefix} "$@"'
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+        ["sh", "-c", script, "sh", sys.executable, "-c", SELF_ADJUST],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     )
     warning, after = json.loads(out.stdout)
-    if warning is None:
-        assert after == -900
-    else:
-        assert "CAP_SYS_RESOURCE" in warning
-        assert "newest-first order is kept" in warning
-        assert after == before
+    return warning, after
+
+
+def _has_cap_sys_resource() -> bool:
+    with open("/proc/self/status") as fh:
+        eff = next(line.split()[1] for line in fh if line.startswith("CapEff:"))
+    return bool(int(eff, 16) >> 24 & 1)  # CAP_SYS_RESOURCE is capability 24
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root and setpriv")
+
+
+@pytest.mark.skipif(
+    not _has_cap_sys_resource(), reason="this process has no CAP_SYS_RESOURCE to pass on"
+)
+def test_daemon_self_adjust_lowers_itself_with_the_capability() -> None:
+    assert _self_adjust(0, drop_cap=False) == (None, -900)
+    assert _self_adjust(300, drop_cap=False) == (None, -900)
+
+
+@needs_root
+def test_daemon_self_adjust_without_the_capability_says_the_daemon_is_unshielded() -> None:
+    warning, after = _self_adjust(0, drop_cap=True)
+    assert after == 0
+    assert warning == (
+        "cannot lower own oom_score_adj to -900 (Permission denied; needs "
+        "CAP_SYS_RESOURCE or systemd OOMScoreAdjust=), staying at 0: the daemon itself "
+        "is not shielded from the OOM killer; the newest-first order is kept with "
+        "values >= current"
+    )
+
+
+@needs_root
+def test_daemon_self_adjust_without_the_capability_above_zero_says_what_jobs_lose() -> None:
+    warning, after = _self_adjust(200, drop_cap=True)
+    assert after == 200
+    assert warning is not None
+    assert "staying at 200: cannot lower oom_score_adj of older jobs below 200;" in warning
 
 
 def test_daemon_self_adjust_never_raises_the_daemon() -> None:

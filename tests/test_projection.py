@@ -217,3 +217,114 @@ def test_never_below_an_oom_kill_nor_a_recent_qualifying_peak_at_the_same_scale(
     assert p.projected_mb >= max(binding_ooms, default=0)
     assert p.projected_mb >= max(same[-10:], default=0)
     assert p.runs >= 0
+
+
+# --- recency and scale, by table ---------------------------------------------------------
+
+
+def test_the_fit_keeps_the_ten_newest_peaks_of_each_scale() -> None:
+    # Scale 1: two old heavy runs, then ten at 10 GB; scale 2: one at 20 GB. The newest
+    # ten at scale 1 lie on y = 10000 x with scale 2, so at scale 3 the fit is 30000.
+    # Keeping the oldest ten instead would bring in the 50000s.
+    history = [ok(50_000, 1.0)] * 2 + [ok(10_000, 1.0)] * 10 + [ok(20_000, 2.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 11)
+
+
+def test_the_fit_window_is_per_scale_not_over_all_runs() -> None:
+    # Eleven runs at scale 2 after the only run at scale 1: a window over all runs would
+    # drop the scale-1 run and leave one scale (a proportional guess, 30000 at scale 3).
+    history = [ok(10_000, 1.0)] + [ok(20_000, 2.0)] * 11
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 11)
+    # ...and with the scale-1 run gone, the single-scale rule gives the same 30000 from
+    # 20000 * 3/2: what differs is the count of points.
+    alone = project([ok(20_000, 2.0)] * 11, declared_mb=None, scale=3.0, margin=0.0)
+    assert alone == Projection(30_000, "fit", 10)
+
+
+def test_the_newest_ten_runs_at_the_same_scale_count() -> None:
+    history = [ok(90_000, 2.0)] + [ok(10_000, 2.0)] * 10 + [ok(5_000, 1.0)]
+    p = project(history, declared_mb=None, scale=2.0, margin=0.0)
+    assert p == Projection(10_000, "observed", 11)
+
+
+def test_a_scale_within_float_noise_is_the_same_scale() -> None:
+    history = [ok(10_000, 0.1 + 0.2), ok(40_000, 4.0)]
+    p = project(history, declared_mb=None, scale=0.3, margin=0.0)
+    assert p == Projection(10_000, "observed", 1)
+
+
+def test_two_scales_within_float_noise_are_one_point_group_in_the_fit() -> None:
+    # 0.1 + 0.2 and 0.3 are one scale: with 2.0 that is two scales, a line through
+    # (0.3, 3000) and (2.0, 20000): y = 10000 x, so 30000 at 3.0.
+    history = [ok(3_000, 0.1 + 0.2), ok(3_000, 0.3), ok(20_000, 2.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 3)
+
+
+def test_unscaled_runs_are_left_out_of_a_fit() -> None:
+    history = [ok(90_000), ok(10_000, 1.0), ok(20_000, 2.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 2)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_a_non_positive_scale_uses_every_qualifying_run(scale: float) -> None:
+    history = [ok(10_000, 1.0), ok(40_000, 4.0)]
+    p = project(history, declared_mb=None, scale=scale, margin=0.0)
+    assert p == Projection(40_000, "observed", 2)
+
+
+def test_runs_with_a_non_positive_scale_are_left_out_of_a_fit() -> None:
+    history = [ok(99_000, 0.0), ok(10_000, 1.0), ok(20_000, 2.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 2)
+
+
+def test_the_fit_extrapolates_downwards_along_a_growing_line() -> None:
+    # Points (1, 10000), (2, 10100), (3, 10200): y = 9900 + 100 x.
+    history = [ok(10_000, 1.0), ok(10_100, 2.0), ok(10_200, 3.0)]
+    p = project(history, declared_mb=None, scale=0.5, margin=0.0)
+    assert p == Projection(9_950, "fit", 3)
+
+
+def test_the_fit_never_goes_below_zero() -> None:
+    # Points (1, 1000), (2, 11000): y = -9000 + 10000 x, which is negative at 0.5.
+    history = [ok(1_000, 1.0), ok(11_000, 2.0)]
+    p = project(history, declared_mb=None, scale=0.5, margin=0.0)
+    assert p == Projection(0, "fit", 2)
+
+
+@pytest.mark.parametrize(
+    ("scale", "floor"),
+    [
+        (1.0, 30_000),  # only the kill at scale 1 and the unscaled one bind
+        (2.0, 60_000),  # the kill at scale 2 binds scale 2
+        (4.0, 60_000),  # ...and every larger scale
+        (None, 60_000),  # no scale: every kill binds
+    ],
+)
+def test_which_oom_kills_bind_which_scale(scale: float | None, floor: int) -> None:
+    history = [
+        failed(30_000, "oom_killed", 1.0),
+        failed(60_000, "oom_killed", 2.0),
+        failed(25_000, "oom_killed"),
+    ]
+    p = project(history, declared_mb=None, scale=scale, margin=0.0)
+    assert p == Projection(floor, "observed", 0)
+
+
+def test_an_oom_kill_at_a_scale_within_float_noise_binds() -> None:
+    history = [failed(30_000, "oom_killed", 0.1 + 0.2)]
+    p = project(history, declared_mb=None, scale=0.3 - 1e-12, margin=0.0)
+    assert p == Projection(30_000, "observed", 0)
+
+
+def test_the_margin_applies_to_fit_and_floor_alike() -> None:
+    history = [ok(10_000, 1.0), ok(20_000, 2.0)]
+    assert project(history, declared_mb=None, scale=3.0, margin=0.5) == Projection(45_000, "fit", 2)
+    floor = [failed(10_000, "oom_killed")]
+    assert project(floor, declared_mb=2_000, scale=None, margin=0.5) == Projection(
+        15_000, "declared", 0
+    )

@@ -19,6 +19,7 @@ from supervisor.daemon import joblogs, jobrows, views
 from supervisor.daemon.config import Config
 from supervisor.daemon.scheduler import Scheduler
 from supervisor.daemon.server import Peer
+from supervisor.daemon.store import StorageError
 from supervisor.daemon.verbs import Verbs
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
@@ -97,6 +98,13 @@ class Api:
     # ---- dispatch -------------------------------------------------------------------
 
     async def handle(self, req: Request, peer: Peer) -> dict[str, Any]:
+        try:
+            with self.store.answering():  # a request that cannot be recorded is refused
+                return await self._handle(req, peer)
+        except StorageError as exc:
+            raise ProtocolError(protocol.STORAGE, f"{exc}; nothing was done") from None
+
+    async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
             return await self.submit(req, peer)
         if isinstance(req, ListJobs):

@@ -36,7 +36,7 @@ from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import Running, Scheduler
 from supervisor.daemon.server import Server, StartupError, preflight
-from supervisor.daemon.store import Store
+from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
     HealthBoard,
     Notifier,
@@ -116,6 +116,16 @@ async def build(cfg: Config) -> Parts:
     _lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
     store = await Store.open(state / "state.db")
+    try:
+        return await _assemble(cfg, store)
+    except BaseException:  # the store's thread would keep a failed start alive
+        with anyio.CancelScope(shield=True):
+            await store.close()
+        raise
+
+
+async def _assemble(cfg: Config, store: Store) -> Parts:
+    state = cfg.state_dir
     await _record_previous_exit(store, state)
     backend, warnings = open_backend(cfg.simulate_gpus, state)
     for warning in warnings:
@@ -385,7 +395,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(2)
     try:
         code = anyio.run(run, cfg)
-    except StartupError as exc:
+    except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

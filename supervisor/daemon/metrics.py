@@ -87,6 +87,8 @@ class Snapshot:
     deadman_fires: int = 0
     problems: int = 0  # what `gpusv health` would list
     draining: bool = False
+    storage_ok: bool = True  # the state database takes writes
+    storage_failures: int = 0  # commits that failed for the storage since start
 
 
 def _zeros(known: Iterable[str], counts: Mapping[str, int]) -> dict[str, int]:
@@ -206,6 +208,16 @@ def daemon_families(snap: Snapshot, now: float) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily(
         "gpusv_draining", "1 while the daemon drains.", value=int(snap.draining)
+    )
+    yield GaugeMetricFamily(
+        "gpusv_storage_writable",
+        "1 while the state database takes writes; 0: no job starts until it does.",
+        value=int(snap.storage_ok),
+    )
+    yield CounterMetricFamily(
+        "gpusv_storage_write_failures",
+        "Commits of the state database that failed (disk full, read-only, I/O error).",
+        value=snap.storage_failures,
     )
     yield GaugeMetricFamily(
         "gpusv_node_healthy",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from supervisor.faults.watchdog import ProgressTracker
 
 HISTORY = 50  # attempts per memory key kept in memory for projections
+STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 
 
 @dataclass
@@ -211,6 +212,8 @@ class Scheduler:
         """One admission pass; returns seconds until the next backoff expires, if any."""
         if self.draining or self.paused or self.launch is None or not self.queue:
             return None
+        if self.store.problem is not None:  # nothing starts that could not be recorded
+            return STORAGE_RECHECK_S
         now_wall, now, cards = time.time(), monotonic(), self.cards_now()
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()

@@ -1,26 +1,31 @@
-"""SQLite persistence: the group-commit writer and every query (schema: store_schema.py).
-One writer commits all that is queued in a loop turn in one transaction; a caller's await
-returns only after that commit, so nothing is acknowledged before it is durable."""
+"""SQLite persistence: every query (the group-commit writer: store_writer.py; the schema:
+store_schema.py). A write returns only once committed and raises when it did not."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import sqlite3
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import aiosqlite
 import anyio
 import structlog
 
 from supervisor.core.jobs import Job, JobSpec
+from supervisor.daemon.store_guard import (
+    IdMark,
+    StoreOpenError,
+    check_database_file,
+    newest_log_id,
+    prepare,
+)
 from supervisor.daemon.store_schema import (
     ATTEMPT_COLUMNS,
     INSERT_EVENT,
     JOB_COLUMNS,
-    MIGRATIONS,
-    SCHEMA_VERSION,
     UPDATE_JOB,
     Attempt,
     Event,
@@ -36,113 +41,62 @@ from supervisor.daemon.store_schema import (
     _Specs,
     _update_job,
 )
+from supervisor.daemon.store_writer import StorageError, Writer
 
-__all__ = ["Attempt", "Event", "MemRow", "Store"]  # the records are the store's API
+__all__ = [
+    "Attempt",
+    "Event",
+    "MemRow",
+    "StorageError",
+    "Store",
+    "StoreOpenError",
+]  # the records are the store's API
 log = structlog.get_logger("gpusvd.events")
-T = TypeVar("T")
-Op = Callable[[aiosqlite.Connection], Awaitable[T]]
 
 
-class Store:
-    """Owns the database connection and the group-commit writer."""
+class Store(Writer):
+    """Owns the database connection; writes go through the group-commit Writer."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
-        self.db = db
-        self._pending: list[tuple[Op[Any], anyio.Event, list[Any]]] = []
-        self._wake = anyio.Event()
-        self._writer_running = False
+    ids: IdMark | None = None
 
     @classmethod
     async def open(cls, path: Path) -> Store:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.close(fd)
-        os.chmod(path, 0o600)
-        db = await aiosqlite.connect(path, isolation_level=None)
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=FULL")
-        await db.execute("PRAGMA foreign_keys=ON")
-        await db.execute("PRAGMA busy_timeout=5000")
+        """Open, check and migrate the database; StoreOpenError (one line) when it
+        cannot be used, with no thread left behind to keep the process alive."""
+        logs_dir = path.parent / "logs"
+        check_database_file(path, logs_dir)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            os.chmod(path, 0o600)
+            ids = IdMark(path)
+        except OSError as exc:
+            raise StoreOpenError(f"{path}: {exc.strerror}") from None
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as exc:
+            ids.close()
+            raise StoreOpenError(f"{path}: {exc}") from None
         store = cls(db)
-        await store._migrate()
+        store.ids = ids
+        try:
+            newest = await prepare(db, max(ids.value, newest_log_id(logs_dir)))
+            ids.raise_to(newest)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreOpenError(f"{path}: {exc}: restore it or move it away") from None
+            raise
         return store
 
-    async def _migrate(self) -> None:
-        async with self.db.execute("PRAGMA user_version") as cur:
-            row = await cur.fetchone()
-        current = int(row[0]) if row else 0
-        if current > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"state database schema {current} is newer than this gpusvd ({SCHEMA_VERSION})"
-            )
-        for version in range(current + 1, SCHEMA_VERSION + 1):
-            await self.db.execute("BEGIN IMMEDIATE")
-            for statement in MIGRATIONS[version].split(";"):
-                if statement.strip():
-                    await self.db.execute(statement)
-            await self.db.execute(f"PRAGMA user_version={version}")
-            await self.db.commit()
-
     async def close(self) -> None:
-        await self.db.close()
-
-    # ---- the writer -----------------------------------------------------------------
-
-    async def write(self, op: Op[T]) -> T:
-        """Run op inside the next group transaction; return once it is committed."""
-        done = anyio.Event()
-        box: list[Any] = []
-        self._pending.append((op, done, box))
-        if self._writer_running:
-            self._wake.set()
-        else:  # before the writer task starts (start-up) or after it stopped
-            await self.flush()
-        await done.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return cast(T, box[0])
-
-    async def run_writer(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        self._writer_running = True
-        task_status.started()
         try:
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                await self.flush()
+            await self.db.close()
         finally:
-            self._writer_running = False
-
-    async def flush(self) -> None:
-        """Commit everything queued so far in one transaction."""
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        with anyio.CancelScope(shield=True):
-            await self.db.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1:  # alone, the transaction itself is the unit to roll back
-                await self._commit_one(*batch[0])
-                return
-            for op, _done, box in batch:
-                await self.db.execute("SAVEPOINT op")
-                try:
-                    box.append(await op(self.db))
-                    await self.db.execute("RELEASE op")
-                except Exception as exc:  # one bad op must not undo the others
-                    await self.db.execute("ROLLBACK TO op")
-                    await self.db.execute("RELEASE op")
-                    box.append(exc)
-            await self.db.commit()
-        for _op, done, _box in batch:
-            done.set()
-
-    async def _commit_one(self, op: Op[Any], done: anyio.Event, box: list[Any]) -> None:
-        try:
-            box.append(await op(self.db))
-            await self.db.commit()
-        except Exception as exc:
-            await self.db.rollback()
-            box.append(exc)
-        done.set()
+            if self.ids is not None:
+                self.ids.close()
+                self.ids = None
 
     # ---- writes ---------------------------------------------------------------------
 
@@ -163,6 +117,8 @@ class Store:
             async with db.execute("SELECT last_insert_rowid()") as cur:
                 last = int((await cur.fetchone() or (0,))[0])
             ids = list(range(last - len(specs) + 1, last + 1))
+            if self.ids is not None:
+                self.ids.raise_to(last)
             submitted = Event("submitted", "submitted")
             await db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
             return ids

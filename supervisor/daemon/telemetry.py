@@ -137,6 +137,8 @@ class Telemetry:
                 problems.append(
                     f"GPU {c.index} ({c.pci_bus_id}) is lost" + (f": {why}" if why else "")
                 )
+        if parts.store.problem is not None:
+            problems.append(f"{parts.store.problem}; no job starts until it can")
         if parts.sched.draining:
             problems.append("gpusvd is draining (stopping)")
         stale = parts.board.stale(time.monotonic())
@@ -202,6 +204,8 @@ class Telemetry:
             deadman_fires=len(await store.daemon_events("deadman")),
             problems=len(await self.problems()),
             draining=sched.draining,
+            storage_ok=store.problem is None,
+            storage_failures=store.failures,
         )
 
     async def prometheus(self, _peer: Peer) -> dict[str, Any]:

@@ -16,6 +16,7 @@ LIMIT = "limit"
 DRAINING = "draining"
 INVALID_STATE = "invalid_state"
 INTERNAL = "internal"
+STORAGE = "storage"  # the daemon could not record the request (disk full, ...): nothing done
 
 
 class ProtocolError(Exception):

@@ -12,48 +12,27 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# The error codes and the exception are protocol too: re-exported.
-from supervisor.wire.errors import (
-    BAD_JSON as BAD_JSON,
-)
-from supervisor.wire.errors import (
-    BAD_REQUEST as BAD_REQUEST,
-)
-from supervisor.wire.errors import (
-    BUSY as BUSY,
-)
-from supervisor.wire.errors import (
-    DRAINING as DRAINING,
-)
-from supervisor.wire.errors import (
-    FORBIDDEN as FORBIDDEN,
-)
-from supervisor.wire.errors import (
-    INTERNAL as INTERNAL,
-)
-from supervisor.wire.errors import (
-    INVALID_STATE as INVALID_STATE,
-)
-from supervisor.wire.errors import (
-    LIMIT as LIMIT,
-)
-from supervisor.wire.errors import (
-    NOT_FOUND as NOT_FOUND,
-)
-from supervisor.wire.errors import (
-    TOO_LARGE as TOO_LARGE,
-)
-from supervisor.wire.errors import (
-    UNKNOWN_TYPE as UNKNOWN_TYPE,
-)
-from supervisor.wire.errors import (
-    ProtocolError as ProtocolError,
-)
+from supervisor.wire import errors
 from supervisor.wire.fields import MAX_ID as MAX_ID
 from supervisor.wire.fields import _Fields, _str_list
 from supervisor.wire.framing import MAX_LINE as MAX_LINE  # re-exported: the framing is protocol too
 from supervisor.wire.framing import VERSION as VERSION
 from supervisor.wire.framing import encode as encode
+
+# The error codes and the exception are protocol too: re-exported.
+BAD_JSON = errors.BAD_JSON
+BAD_REQUEST = errors.BAD_REQUEST
+UNKNOWN_TYPE = errors.UNKNOWN_TYPE
+TOO_LARGE = errors.TOO_LARGE
+NOT_FOUND = errors.NOT_FOUND
+FORBIDDEN = errors.FORBIDDEN
+BUSY = errors.BUSY
+LIMIT = errors.LIMIT
+DRAINING = errors.DRAINING
+INVALID_STATE = errors.INVALID_STATE
+INTERNAL = errors.INTERNAL
+STORAGE = errors.STORAGE
+ProtocolError = errors.ProtocolError
 
 MAX_ARGV = 4096
 MAX_ARG_BYTES = 128 * 1024

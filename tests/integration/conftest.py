@@ -134,19 +134,14 @@ class Daemon:
         )
 
     def wait_pid(self, job_id: int, timeout: float = 20.0) -> int:
-        """The running attempt's pid once it is recorded: the state says running as the
-        spawn starts, the pid is stored a moment after."""
-        job = self.wait_for(
-            lambda: (
-                (j := self.show(job_id))["state"] == "running"
-                and j["attempts"]
-                and j["attempts"][-1]["pid"]
-                and j
-            ),
-            timeout,
-            f"job {job_id} running with its pid recorded",
-        )
-        return int(job["attempts"][-1]["pid"])
+        """The running attempt's leader pid, once recorded (it is written after `running`)."""
+
+        def pid() -> int | None:
+            job = self.show(job_id)
+            attempts = job["attempts"]
+            return attempts[-1]["pid"] if job["state"] == "running" and attempts else None
+
+        return int(self.wait_for(pid, timeout, f"job {job_id} running with its pid recorded"))
 
     def wait_done(self, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
         return self.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=timeout)

@@ -17,18 +17,34 @@ import pytest
 from .conftest import Daemon
 
 PY = sys.executable
-# Allocate and touch N MiB, hold it at least 0.6 s and until $RELEASE exists, exit 0.
-# What varies between runs is in the environment, so every run has the same memory key.
+# Allocate and touch N MiB, hold it until $RELEASE exists, exit 0. What varies between
+# runs is in the environment, so every run has the same memory key.
 HOG = (
     "import sys, time, os; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * "
-    "len(b[::4096]); time.sleep(0.6)\n"
-    "while not os.path.exists(os.environ.get('RELEASE', '/')): time.sleep(0.05)"
+    "len(b[::4096])\n"
+    "while not os.path.exists(os.environ['RELEASE']): time.sleep(0.05)"
 )
 
 
-def hog(d: Daemon, mb: int, release: Path | None = None, **opts: object) -> int:
-    env = {"RELEASE": str(release)} if release else {}
-    return d.submit(PY, "-c", HOG, str(mb), env=env, **opts)
+def hog(d: Daemon, mb: int, release: Path, **opts: object) -> int:
+    return d.submit(PY, "-c", HOG, str(mb), env={"RELEASE": str(release)}, **opts)
+
+
+def peak_seen(d: Daemon, job: int, mb: int) -> None:
+    """Wait until the sampler has seen the running attempt at `mb` MiB or more."""
+    d.wait_for(
+        lambda: ((d.show(job)["attempts"] or [{}])[-1].get("peak_rss_mb") or 0) >= mb,
+        what=f"job {job}'s peak of {mb} MiB to be sampled",
+    )
+
+
+def hog_once(d: Daemon, mb: int) -> dict[str, object]:
+    """A finished run of `mb` MiB whose peak the daemon recorded."""
+    release = d.root / f"release-{uuid.uuid4().hex[:8]}"
+    job = hog(d, mb, release)
+    peak_seen(d, job, mb)
+    release.touch()
+    return d.wait_done(job)
 
 
 CONFIG = """
@@ -49,8 +65,7 @@ def test_two_heavy_jobs_one_runs_one_is_held_and_a_small_one_backfills(
     make_daemon: Callable[..., Daemon],
 ) -> None:
     d = make_daemon(config=CONFIG)
-    seed = hog(d, 300)
-    seeded = d.wait_done(seed)
+    seeded = hog_once(d, 300)
     assert seeded["state"] == "succeeded"
     assert seeded["attempts"][0]["peak_rss_mb"] >= 300
     release = d.root / "release"
@@ -83,7 +98,7 @@ def test_two_heavy_jobs_one_runs_one_is_held_and_a_small_one_backfills(
 
 def test_dry_run_shows_the_observed_projection(make_daemon: Callable[..., Daemon]) -> None:
     d = make_daemon(config=CONFIG)
-    d.wait_done(hog(d, 100))
+    hog_once(d, 100)
     dry = json.loads(d.cli("submit", "--dry-run", "--json", "--", PY, "-c", HOG, "100").stdout)
     assert dry["host_memory"]["basis"] == "observed"
     assert 100 <= dry["host_memory"]["projected_mb"] <= 200
@@ -183,10 +198,7 @@ def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
         d.wait_ready()
         release = d.root / "release"
         older = hog(d, 200, release, retries=0)
-        d.wait_for(
-            lambda: ((d.show(older)["attempts"] or [{}])[0].get("peak_rss_mb") or 0) >= 200,
-            what="the older job to hold its memory",
-        )
+        peak_seen(d, older, 200)
         time.sleep(0.3)
         newer = d.submit(PY, "-c", grow, retries=0)
         killed = d.wait_done(newer, timeout=60)
@@ -214,3 +226,37 @@ def test_a_hold_is_not_announced_again_after_a_restart(
     assert len(queue_waits(d.show(held))) == 1
     d.cli("cancel", str(big))
     assert d.wait_done(held)["state"] == "succeeded"
+
+
+def oom_score_adj(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_the_newest_job_ranks_first_for_the_oom_killer_and_the_next_newest_takes_over(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # The daemon's own value is lowered (or kept at 0 here): older jobs go to 0.
+    d = make_daemon(gpus="3x8G")
+    jobs, pids = [], []
+
+    def ranks() -> list[int | None]:
+        return [oom_score_adj(pid) for pid in pids]
+
+    for n in range(3):
+        jobs.append(d.submit("sleep", "300"))
+        pids.append(d.wait_pid(jobs[-1]))
+        expected = [0] * n + [1000]
+        d.wait_for(lambda e=expected: ranks() == e, what=f"ranks {expected}, have {ranks()}")
+    # The newest ends: the next newest is promoted.
+    d.cli("cancel", str(jobs[2]))
+    d.wait_done(jobs[2])
+    pids.pop()
+    d.wait_for(lambda: ranks() == [0, 1000], what=f"job 2 promoted, have {ranks()}")
+    # An older job ends: the order stands.
+    d.cli("cancel", str(jobs[0]))
+    d.wait_done(jobs[0])
+    assert oom_score_adj(pids[1]) == 1000
+    d.cli("cancel", str(jobs[1]))

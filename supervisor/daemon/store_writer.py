@@ -1,0 +1,248 @@
+"""The store's group-commit writer, and what it does when the disk says no.
+
+One writer commits all that is queued in a loop turn in one transaction; a caller's await
+returns only after that commit, so nothing is acknowledged before it is durable. A write
+that did not commit raises StorageError (or, for a write that nobody is waiting to hear
+refused, waits and is tried again): nothing is acted on that was not recorded.
+
+Two kinds of writes:
+- a client request's first write fails fast: the client hears `storage` and nothing of
+  its request was done (`Writer.answering()` marks the request's task);
+- every other write (a job's start or end, a hold, an event) is patient: it stays queued
+  and is retried until it commits, and its caller, awaiting it, does not act meanwhile.
+While a commit fails, `problem` says why (health, metrics, the dispatch pause read it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+import aiosqlite
+import anyio
+import anyio.abc
+import structlog
+
+log = structlog.get_logger("gpusvd.store")
+T = TypeVar("T")
+Op = Callable[[aiosqlite.Connection], Awaitable[T]]
+
+RETRY_MIN_S, RETRY_MAX_S = 0.25, 5.0
+# SQLite's primary result codes that mean the disk, not the statement, failed.
+_SQLITE_REASONS = {
+    5: "database busy",
+    6: "database locked",
+    7: "out of memory",
+    8: "read-only",
+    10: "I/O error",
+    11: "database corrupt",
+    13: "disk full",
+    14: "cannot open the database file",
+    26: "not a database",
+}
+_OS_REASONS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only",
+    errno.EIO: "I/O error",
+    errno.EMFILE: "too many open files",
+    errno.ENFILE: "too many open files",
+}
+
+
+class StorageError(Exception):
+    """A write did not commit for a reason of the storage: nothing of it was recorded."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"the state database could not record this ({reason}: {detail})")
+        self.reason = reason
+        self.detail = detail
+
+
+def storage_reason(exc: BaseException) -> str | None:
+    """The storage fault an exception reports (disk full, read-only, ...), or None when
+    the statement itself failed (a constraint, a bug) and the disk is fine."""
+    if isinstance(exc, StorageError):
+        return exc.reason
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None:
+            return _SQLITE_REASONS.get(code & 0xFF)
+        text = str(exc).lower()
+        for needle, reason in (("full", "disk full"), ("readonly", "read-only"), ("i/o", "I/O")):
+            if needle in text:
+                return reason
+        return None
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return _OS_REASONS.get(exc.errno)
+    return None
+
+
+@dataclass
+class _Write:
+    op: Op[Any]
+    patient: bool
+    done: anyio.Event = field(default_factory=anyio.Event)
+    box: list[Any] = field(default_factory=list)
+
+
+class Writer:
+    """Owns the connection's write transactions (Store adds the queries)."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self.db = db
+        self._pending: list[_Write] = []
+        self._wake = anyio.Event()
+        self._writer_running = False
+        self._answering: set[int] = set()  # tasks whose next write fails fast
+        self.problem: str | None = None  # why commits fail now; None while they succeed
+        self.failures = 0  # commits that failed for the storage, since start
+        self._retry_s = RETRY_MIN_S
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """The current task's next write fails fast with StorageError instead of waiting
+        for the disk: a client hears at once that its request was not recorded. Only the
+        first: once a request has changed something, its further writes must land too."""
+        task = anyio.get_current_task().id
+        self._answering.add(task)
+        try:
+            yield
+        finally:
+            self._answering.discard(task)
+
+    async def write(self, op: Op[T]) -> T:
+        """Run op inside the next group transaction; return once it is committed."""
+        task = anyio.get_current_task().id
+        fail_fast = task in self._answering or not self._writer_running
+        self._answering.discard(task)
+        w = _Write(op, patient=not fail_fast)
+        self._pending.append(w)
+        if self._writer_running:
+            self._wake.set()
+        else:  # before the writer task starts (start-up) or after it stopped
+            await self.flush()
+        await w.done.wait()
+        if isinstance(w.box[0], BaseException):
+            raise w.box[0]
+        return cast(T, w.box[0])
+
+    async def run_writer(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        self._writer_running = True
+        task_status.started()
+        try:
+            while True:
+                # While commits fail, try again after a backoff even with nothing new: a
+                # patient write is queued, or a probe tells when the disk is back.
+                with anyio.move_on_after(self._retry_s if self.problem else float("inf")):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                await self.flush()
+        finally:
+            self._writer_running = False
+
+    async def flush(self) -> None:
+        """Commit everything queued so far in one transaction."""
+        batch, self._pending = self._pending, []
+        if not batch:
+            if self.problem is not None:
+                await self._probe()
+            return
+        with anyio.CancelScope(shield=True):
+            failure = await self._commit(batch)
+        if failure is None:
+            self._succeeded()
+            for w in batch:
+                w.done.set()
+            return
+        error = self._failed(failure)
+        kept = []
+        for w in batch:
+            w.box.clear()
+            if w.patient:
+                kept.append(w)
+            else:
+                w.box.append(error)
+                w.done.set()
+        self._pending[:0] = kept  # first again, in their order
+
+    async def _commit(self, batch: list[_Write]) -> BaseException | None:
+        """One transaction for the batch: None once committed, else the storage failure
+        (every write of the batch is then unrecorded). A write whose own statement fails
+        gets its exception and is left out, without undoing the others."""
+        try:
+            await self.db.execute("BEGIN IMMEDIATE")
+            if len(batch) == 1:  # alone, the transaction itself is the unit to roll back
+                w = batch[0]
+                try:
+                    w.box.append(await w.op(self.db))
+                except Exception as exc:
+                    if storage_reason(exc) is not None:
+                        raise
+                    await self.db.rollback()
+                    w.box.append(exc)
+                    return None
+            else:
+                for w in batch:
+                    await self._savepoint(w)
+            await self.db.commit()
+        except Exception as exc:
+            with contextlib.suppress(Exception):  # a full disk may have rolled it back
+                await self.db.rollback()
+            return exc
+        return None
+
+    async def _savepoint(self, w: _Write) -> None:
+        await self.db.execute("SAVEPOINT op")
+        try:
+            w.box.append(await w.op(self.db))
+            await self.db.execute("RELEASE op")
+        except Exception as exc:  # one bad op must not undo the others
+            if storage_reason(exc) is not None:
+                raise
+            await self.db.execute("ROLLBACK TO op")
+            await self.db.execute("RELEASE op")
+            w.box.append(exc)
+
+    async def _probe(self) -> None:
+        """A write of nothing that matters (the schema version, unchanged): it commits
+        once the database can be written again."""
+        async with self.db.execute("PRAGMA user_version") as cur:
+            version = int((await cur.fetchone() or (0,))[0])
+
+        async def op(db: aiosqlite.Connection) -> None:
+            await db.execute(f"PRAGMA user_version={version}")
+
+        with anyio.CancelScope(shield=True):
+            failure = await self._commit([_Write(op, patient=True)])
+        if failure is None:
+            self._succeeded()
+        else:
+            self._failed(failure)
+
+    def _failed(self, exc: BaseException) -> StorageError:
+        reason = storage_reason(exc) or "database error"
+        detail = str(exc) or type(exc).__name__
+        self.failures += 1
+        if self.problem is None:
+            log.error(
+                "the state database cannot be written: no job starts until it can; "
+                "running jobs go on and their writes are retried",
+                reason=reason,
+                error=detail,
+            )
+            self._retry_s = RETRY_MIN_S
+        else:
+            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+        self.problem = f"state database cannot be written ({reason}: {detail})"
+        return exc if isinstance(exc, StorageError) else StorageError(reason, detail)
+
+    def _succeeded(self) -> None:
+        if self.problem is not None:
+            log.warning("the state database can be written again", was=self.problem)
+        self.problem = None
+        self._retry_s = RETRY_MIN_S

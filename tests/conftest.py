@@ -1,0 +1,59 @@
+"""What every test gets: the process-wide state it may change put back afterwards, and the
+random order's seed printed at the end, so that an order-dependent failure reproduces."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from supervisor.daemon import logs
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_globals() -> Iterator[None]:
+    """Logging set-up (structlog and the stdlib root logger), the environment, the working
+    directory, the umask and signal handlers: a test or the code it calls may change
+    any of them (logs.configure binds structlog to pytest's capture stream, which is
+    closed once the test ends), and the next test must not inherit that."""
+    structlog_config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    bridge = logs._bridge_handler
+    environ = dict(os.environ)
+    cwd = os.getcwd()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    handlers_by_signal: dict[int, Any] = {s: signal.getsignal(s) for s in _SIGNALS}
+    yield
+    structlog.reset_defaults()
+    structlog.configure(**structlog_config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logs._bridge_handler = bridge
+    if dict(os.environ) != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    if os.getcwd() != cwd:
+        os.chdir(cwd)
+    os.umask(umask)
+    for sig, handler in handlers_by_signal.items():
+        if handler is not None and signal.getsignal(sig) != handler:
+            signal.signal(sig, handler)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(
+            f"random test order, seed {seed}: rerun it with scripts/test.sh --randomly-seed={seed}"
+        )
