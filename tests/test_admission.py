@@ -435,7 +435,7 @@ def test_the_ram_of_a_starving_cpu_job_is_set_aside_from_gpu_jobs() -> None:
     assert p.starts == (Start(3, (0,), 0),)
     assert p.holds == (
         Hold(1, "cpu", "waiting for a free CPU slot"),
-        Hold(2, "host_ram", "waiting for host RAM: needs ~20 GB, ~9 GB free"),
+        Hold(2, "host_ram", "waiting for host RAM: needs ~20 GiB, ~9 GiB free"),
     )
 
 
@@ -449,7 +449,7 @@ def test_behind_a_starving_vram_job_gpu_jobs_wait_and_cpu_jobs_run() -> None:
     p = run(candidates, cards=cards, cpu=1)
     assert p.starts == (Start(3, (), 0),)
     assert p.holds == (
-        Hold(1, "vram", "waiting for VRAM: needs ~22 GB on one card, ~20 GB free at most"),
+        Hold(1, "vram", "waiting for VRAM: needs ~22 GiB on one card, ~20 GiB free at most"),
         Hold(2, "vram", "waiting behind job 1, which waits for VRAM"),
     )
 
@@ -491,7 +491,7 @@ def test_a_job_with_exactly_the_free_ram_starts() -> None:
     p = run([cand(1, mb=111_616)], cards=cards, running=running)
     assert p.starts == (Start(1, (0,), 0),)
     p = run([cand(1, mb=111_617)], cards=cards, running=running)
-    assert p.holds == (Hold(1, "host_ram", "waiting for host RAM: needs ~109 GB, ~109 GB free"),)
+    assert p.holds == (Hold(1, "host_ram", "waiting for host RAM: needs ~109 GiB, ~109 GiB free"),)
 
 
 @pytest.mark.parametrize(
