@@ -243,3 +243,22 @@ def test_retention_deletes_only_old_logs_of_finished_jobs(tmp_path: Path) -> Non
     ]
     assert joblogs.expired(files, {3}, now, 50) == [tmp_path / "1.out"]
     assert joblogs.expired(files, set(), now, 0) == []
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "1970-01-01T00:00:00.000Z",
+        "2000-02-29T23:59:59.500Z",
+        "2026-12-01T05:36:30.755Z",
+        "2100-03-01T12:00:00.000Z",
+        "1999-12-31T00:00:01.001Z",
+    ],
+)
+def test_stamps_read_without_datetime(stamp: str) -> None:
+    from datetime import datetime
+
+    from supervisor.client.render import epoch_of
+
+    expected = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    assert epoch_of(stamp) == pytest.approx(expected)

@@ -8,6 +8,7 @@ out, 125 when the job ended without a status of its own.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -80,8 +81,10 @@ def _run(args_list: list[str]) -> int:
     if a.cmd == "completion":
         return _completion(a.shell)
     try:
+        module, _, name = a.fn.partition(".")
+        fn = getattr(importlib.import_module(f"supervisor.client.{module}"), name)
         client = Client(_sockets(a))
-        code: int = a.fn(client, a)
+        code: int = fn(client, a)
     except ConfigError as exc:
         sys.stderr.write(f"gpusv: {exc}\n")
         code = EXIT_USAGE

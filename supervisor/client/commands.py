@@ -10,7 +10,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.client import render
 from supervisor.client.submitting import EXIT_WAIT_TIMEOUT, exit_status, submit_request
 from supervisor.wire.durations import parse_duration
 from supervisor.wire.sizes import ConfigError
@@ -70,6 +69,8 @@ def _owner(a: argparse.Namespace) -> int | None:
 
 
 def cmd_list(client: Client, a: argparse.Namespace) -> int:
+    from supervisor.client import render  # only for the commands that print jobs or sizes
+
     request: dict[str, Any] = {"type": "list", "limit": a.limit}
     states = [s for s in (a.state or "").split(",") if s]
     if states:
@@ -88,6 +89,8 @@ def cmd_list(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_show(client: Client, a: argparse.Namespace) -> int:
+    from supervisor.client import render  # only for the commands that print jobs or sizes
+
     job = client.call({"type": "show", "ids": [a.id]})["job"]
     if a.json:
         out_json(job)
@@ -186,6 +189,8 @@ def cmd_pause(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_clean(client: Client, a: argparse.Namespace) -> int:
+    from supervisor.client import render  # only for the commands that print jobs or sizes
+
     request: dict[str, Any] = {"type": "clean"}
     if a.older_than is not None:
         request["older_than_s"] = parse_duration(a.older_than, "--older-than")
@@ -202,6 +207,8 @@ def cmd_clean(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
+    from supervisor.client import render  # only for the commands that print jobs or sizes
+
     gpus = client.call({"type": "gpus"})["gpus"]
     if a.json:
         out_json(gpus)
@@ -225,6 +232,8 @@ def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
 
 
 def cmd_stats(client: Client, a: argparse.Namespace) -> int:
+    from supervisor.client import render  # only for the commands that print jobs or sizes
+
     reply = client.call({"type": "stats"})
     reply.pop("ok", None)
     if a.json:

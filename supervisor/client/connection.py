@@ -5,6 +5,7 @@ Used by the `gpusv` CLI, the bench and the tests; imports only the framing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -75,7 +76,9 @@ class Client:
         sock = self._connect()
         request.setdefault("version", framing.VERSION)
         try:
-            sock.sendall(framing.encode(request))
+            # Refused (busy) and closed before it read: its answer is still there to read.
+            with contextlib.suppress(BrokenPipeError):
+                sock.sendall(framing.encode(request))
             while b"\n" not in self.buf:
                 chunk = sock.recv(1 << 20)
                 if not chunk:

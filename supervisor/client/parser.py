@@ -1,6 +1,7 @@
 """gpusv's command line: every command and option, each with one line of help and its unit.
 
-Shell completion (completion.py) is generated from this parser, so it never drifts.
+Shell completion (completion.py) is generated from this parser, so it never drifts. Each
+command names its function as "module.function": only the module that runs is imported.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-from supervisor.client import commands, run
 
 RETRY_NOTE = (
     "default: the daemon's [retries] ordinary, 3 unless configured: any non-zero exit "
@@ -99,7 +98,7 @@ def _add_submit(sub: Any) -> None:
         "--batch", metavar="FILE", help="one command per line (- for stdin), split as a shell does"
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG]...")
-    p.set_defaults(fn=commands.cmd_submit)
+    p.set_defaults(fn="commands.cmd_submit")
     p = sub.add_parser(
         "run",
         help="submit, stream its output, exit with its status",
@@ -108,7 +107,7 @@ def _add_submit(sub: Any) -> None:
     )
     add_job_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG]...")
-    p.set_defaults(fn=run.cmd_run)
+    p.set_defaults(fn="run.cmd_run")
 
 
 def _add_reading(sub: Any) -> None:
@@ -119,22 +118,22 @@ def _add_reading(sub: Any) -> None:
     s.add_argument("--all", action="store_true", help="every job, not only active and recent")
     s.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs (newest)")
     _json(s, "the jobs")
-    s.set_defaults(fn=commands.cmd_list)
+    s.set_defaults(fn="commands.cmd_list")
     s = sub.add_parser("show", help="one job in full")
     s.add_argument("id", type=int, metavar="ID", help="job id")
     _json(s, "the job")
-    s.set_defaults(fn=commands.cmd_show)
+    s.set_defaults(fn="commands.cmd_show")
     s = sub.add_parser("logs", help="a job's output (all of it, or the last lines)")
     s.add_argument("id", type=int, metavar="ID", help="job id")
     s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     s.add_argument("--stderr", action="store_true", help="standard error instead of output")
     s.add_argument("--tail", type=int, metavar="N", help="start at the last N lines")
-    s.set_defaults(fn=commands.cmd_logs)
+    s.set_defaults(fn="commands.cmd_logs")
     s = sub.add_parser("wait", help="wait for jobs; exit with the first failure's status")
     _ids(s)
     s.add_argument("--timeout", metavar="DURATION", help="give up after (90, 15m, 2h): exit 124")
     _json(s, "the jobs")
-    s.set_defaults(fn=commands.cmd_wait)
+    s.set_defaults(fn="commands.cmd_wait")
 
 
 def _add_actions(sub: Any) -> None:
@@ -142,7 +141,7 @@ def _add_actions(sub: Any) -> None:
     _ids(s, "*")
     s.add_argument("--all", action="store_true", help="all my queued and running jobs")
     _json(s)
-    s.set_defaults(fn=commands.cmd_cancel)
+    s.set_defaults(fn="commands.cmd_cancel")
     for verb, text in (
         ("restart", "queue a new job with the same spec; prints its id"),
         ("hold", "keep queued jobs from starting"),
@@ -151,35 +150,35 @@ def _add_actions(sub: Any) -> None:
         s = sub.add_parser(verb, help=text)
         _ids(s)
         _json(s)
-        s.set_defaults(fn=commands.cmd_verb, verb=verb)
+        s.set_defaults(fn="commands.cmd_verb", verb=verb)
     for verb, text in (
         ("pause", "start no new job (running ones go on)"),
         ("resume", "start jobs again"),
     ):
         s = sub.add_parser(verb, help=text)
-        s.set_defaults(fn=commands.cmd_pause, verb=verb)
+        s.set_defaults(fn="commands.cmd_pause", verb=verb)
     s = sub.add_parser("clean", help="remove my finished jobs and their logs")
     s.add_argument(
         "--older-than", dest="older_than", metavar="DURATION", help="only those ended this long ago"
     )
     _json(s)
-    s.set_defaults(fn=commands.cmd_clean)
+    s.set_defaults(fn="commands.cmd_clean")
 
 
 def _add_operators(sub: Any) -> None:
     for name, fn, text in (
-        ("gpus", commands.cmd_gpus, "the cards: use, VRAM (MiB), health, jobs"),
-        ("stats", commands.cmd_stats, "job counts, failures, GPU hangs, log disk use"),
-        ("health", commands.cmd_health, "problems, if any; exit 0 only when none"),
+        ("gpus", "commands.cmd_gpus", "the cards: use, VRAM (MiB), health, jobs"),
+        ("stats", "commands.cmd_stats", "job counts, failures, GPU hangs, log disk use"),
+        ("health", "commands.cmd_health", "problems, if any; exit 0 only when none"),
     ):
         s = sub.add_parser(name, help=text)
         _json(s)
         s.set_defaults(fn=fn)
-    sub.add_parser("metrics", help="Prometheus text").set_defaults(fn=commands.cmd_metrics)
+    sub.add_parser("metrics", help="Prometheus text").set_defaults(fn="commands.cmd_metrics")
     s = sub.add_parser("top", help="live view: cards, running and held jobs, hangs")
     s.add_argument("--once", action="store_true", help="print one screen and exit")
     s.add_argument("--interval", default="1", metavar="DURATION", help="refresh (default 1s)")
-    s.set_defaults(fn=commands.cmd_top)
+    s.set_defaults(fn="commands.cmd_top")
     sub.add_parser(
         "classify-kernel-log",
         add_help=False,

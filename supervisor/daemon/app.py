@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -21,7 +22,7 @@ import anyio.abc
 import structlog
 
 from supervisor.core.jobs import FailureReason, Job, JobState
-from supervisor.daemon import joblogs, logs, oom, runner
+from supervisor.daemon import joblogs, logs, oom, reload, runner
 from supervisor.daemon.api import Api
 from supervisor.daemon.args import parse_args
 from supervisor.daemon.attempts import AttemptRunner
@@ -35,7 +36,7 @@ from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import Running, Scheduler
-from supervisor.daemon.server import Server, StartupError, preflight
+from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
 from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
     HealthBoard,
@@ -52,6 +53,7 @@ from supervisor.wire.locations import config_path
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
+SELF_PING_S = 10.0  # the server's check-in; as often as WATCHDOG=1 when that is sooner
 
 
 @dataclass
@@ -67,6 +69,9 @@ class Parts:
     hangs: HangWatcher
     server: Server
     telemetry: Telemetry = field(init=False)
+    api: Api = field(init=False)
+    hooks: Hooks = field(init=False)
+    load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again
 
 
 def _deadman_exit(state_dir: Path) -> Any:
@@ -174,7 +179,8 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         lambda req, peer: api_parts["api"].handle(req, peer),
         mode=cfg.socket_mode,
         group=cfg.socket_group,
-        max_connections=cfg.limits.max_connections,
+        max_connections=connection_cap(cfg.limits.max_connections),
+        max_per_user=cfg.limits.max_connections_per_user,
         idle_timeout_s=cfg.limits.idle_timeout_s,
     )
     parts = Parts(cfg, store, sched, monitor, attempts, deadman, Notifier(), board, hangs, server)
@@ -188,7 +194,8 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         card_vram_mb=lambda: max((c.vram_total_mb for c in monitor.cards), default=0),
         simple=telemetry.handlers(),
     )
-    api_parts["api"] = api
+    api_parts["api"] = parts.api = api
+    parts.hooks = hooks
     server.admit = api.admit
     server.on_close = api.verbs.connection_closed
     telemetry.may_see = api.may_act
@@ -242,11 +249,14 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
 
 
 async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
-    """Signals become events: the first starts the drain, a second stops at once."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    """Signals become events: the first SIGTERM/SIGINT starts the drain, a second stops at
+    once; SIGHUP reloads the config."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as tg:
             async for signum in signals:
-                if not parts.sched.draining:
+                if signum == signal.SIGHUP:
+                    reload.apply(parts)
+                elif not parts.sched.draining:
                     log.info("signal: drain", signal=signal.Signals(signum).name)
                     tg.start_soon(_drain, parts, scope)
                 else:
@@ -285,9 +295,10 @@ async def _status(parts: Parts) -> None:
         changed = anyio.Event()
 
 
-async def _self_ping(parts: Parts) -> None:
+async def _self_ping(parts: Parts, every_s: float) -> None:
     """The server checks in only by answering a real client on its own socket: a wedged
-    accept loop or handler stops the pings to systemd."""
+    accept loop or handler stops the pings to systemd. The server never refuses this
+    client (its pid is the daemon's): a flood of others must not stop the check-in."""
     request = b'{"type":"ping"}\n'
     while True:
         with anyio.move_on_after(5.0):
@@ -298,7 +309,7 @@ async def _self_ping(parts: Parts) -> None:
                         parts.board.beat("server", time.monotonic())
             except OSError as exc:
                 log.warning("cannot reach our own socket", error=str(exc))
-        await anyio.sleep(10.0)
+        await anyio.sleep(every_s)
 
 
 async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -320,8 +331,8 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             await tg.start(parts.server.run)
             tg.start_soon(_signals, parts, scope)
             tg.start_soon(_status, parts)
-            tg.start_soon(_self_ping, parts)
             interval = watchdog_interval_s(os.environ)
+            tg.start_soon(_self_ping, parts, min(SELF_PING_S, interval or SELF_PING_S))
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
@@ -358,7 +369,7 @@ def _pidfd_child_watcher() -> None:
     asyncio.set_child_watcher(watcher)
 
 
-async def run(cfg: Config) -> int:
+async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> int:
     _pidfd_child_watcher()
     if runner.become_subreaper():
         log.debug("child subreaper set")
@@ -366,6 +377,7 @@ async def run(cfg: Config) -> int:
     if warning:  # normal off systemd (no CAP_SYS_RESOURCE): worth a line, not a warning
         log.info(warning)
     parts = await build(cfg)
+    parts.load_config = load_config
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(serve, parts)
@@ -386,15 +398,16 @@ def main(argv: list[str] | None = None) -> NoReturn:
         and v is not None
     }
     try:
+        uid = os.geteuid()
         path = config_path(args.config, os.environ)
-        cfg = load(path, flags=flags, env=os.environ, uid=os.geteuid())
+        cfg = load(path, flags=flags, env=os.environ, uid=uid)
         abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
         logs.configure(cfg.log_format, args.log_level)
     except (ConfigError, ValueError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        code = anyio.run(run, cfg)
+        code = anyio.run(run, cfg, lambda: load(path, flags=flags, env=os.environ, uid=uid))
     except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -266,6 +266,7 @@ class HooksConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     max_connections: int = field(default=256, metadata={"parse": _int(1)})
+    max_connections_per_user: int = field(default=64, metadata={"parse": _int(1)})
     idle_timeout_s: float = field(default=30.0, metadata={"parse": _TIMEOUT})
 
 

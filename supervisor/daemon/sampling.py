@@ -54,7 +54,10 @@ class Sampler:
             if not self.sched.running:
                 continue
             start = time.thread_time()
-            await self.pass_once()
+            try:
+                await self.pass_once()
+            except OSError as exc:  # out of descriptors (a flood): skip a pass, not the daemon
+                log.warning("sampler pass skipped", error=str(exc))
             self.cpu_s += time.thread_time() - start
 
     async def pass_once(self) -> None:
@@ -89,7 +92,15 @@ class Sampler:
             for r in self.sched.running.values()
             if r.kill_reason is None and r.handle is not None
         ]
-        victims = oom.squeeze_victims(available_mb, threshold, candidates)
+        # Jobs already being stopped hold their memory through the kill grace, and a dying
+        # one reads as empty before MemAvailable shows what it gave back: their peaks count
+        # as on the way back, or every pass would stop one more job meanwhile.
+        stopping_mb = sum(
+            r.peak_rss_mb
+            for r in self.sched.running.values()
+            if r.kill_reason is not None and r.handle is not None
+        )
+        victims = oom.squeeze_victims(available_mb + stopping_mb, threshold, candidates)
         for job_id in victims:
             r = self.sched.running[job_id]
             evidence = {

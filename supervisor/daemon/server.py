@@ -11,6 +11,7 @@ import contextlib
 import errno
 import grp
 import os
+import resource
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -77,6 +78,15 @@ def probe_stale(path: Path) -> None:
     raise AlreadyRunning(f"another gpusvd is already serving {path}")
 
 
+def connection_cap(configured: int) -> int:
+    """Client connections served at once: as configured, but at most a quarter of the
+    descriptor limit, so that clients cannot take what jobs, logs and the database need."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    return max(1, min(configured, soft // 4))
+
+
 def socket_gid(group: str) -> int | None:
     """The gid that `socket_group` names (None: no group), checked before anything is
     bound: a typo must stop the start, not leave a socket that its users cannot reach."""
@@ -126,6 +136,7 @@ class Server:
         group: str = "",
         admit: Callable[[Peer], str | None] = lambda _peer: None,
         max_connections: int = 256,
+        max_per_user: int = 64,
         idle_timeout_s: float = 30.0,
     ) -> None:
         self.path = path
@@ -134,8 +145,11 @@ class Server:
         self.group = group
         self.admit = admit
         self.max_connections = max_connections
+        self.max_per_user = max_per_user
         self.idle_timeout_s = idle_timeout_s
         self.connections = 0
+        self.by_uid: dict[int, int] = {}
+        self.me = os.getpid()
         self.serial = 0
         # Told of every admitted connection's end (sync: it may only schedule work).
         self.on_close: Callable[[Peer], None] = lambda _peer: None
@@ -175,15 +189,43 @@ class Server:
 
     async def _connection(self, conn: anyio.abc.SocketStream) -> None:
         async with conn:
-            self.connections += 1
             try:
-                await self._serve(conn)
+                self.serial += 1
+                peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket), self.serial)
+            except OSError:
+                return  # the client is already gone
+            busy = self._over_limit(peer)
+            if busy is not None:  # answered, and the descriptor given back, at once
+                with anyio.move_on_after(1.0), contextlib.suppress(Exception):
+                    await conn.send(protocol.encode(ProtocolError(protocol.BUSY, busy).to_json()))
+                return
+            self.connections += 1
+            self.by_uid[peer.uid] = self.by_uid.get(peer.uid, 0) + 1
+            try:
+                await self._serve(conn, peer)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
                 pass
             except Exception:  # one connection must never take the server down
                 log.exception("connection failed")
             finally:
                 self.connections -= 1
+                self.by_uid[peer.uid] -= 1
+                if not self.by_uid[peer.uid]:
+                    del self.by_uid[peer.uid]
+
+    def _over_limit(self, peer: Peer) -> str | None:
+        """Why this connection is refused `busy`, or None. The daemon's own check-in (its
+        ping of its own socket) is never refused: a flood must not stop WATCHDOG=1."""
+        if peer.pid == self.me:
+            return None
+        if self.by_uid.get(peer.uid, 0) >= self.max_per_user:
+            return (
+                f"uid {peer.uid} holds its limit of {self.max_per_user} connections to "
+                "gpusvd; retry"
+            )
+        if self.connections >= self.max_connections:
+            return f"gpusvd is serving its limit of {self.max_connections} connections; retry"
+        return None
 
     async def _refuse(self, conn: anyio.abc.SocketStream, code: str, message: str) -> None:
         """Answer, then take (and drop) the request the client is sending: closing with it
@@ -194,13 +236,7 @@ class Server:
             with contextlib.suppress(anyio.DelimiterNotFound, anyio.IncompleteRead):
                 await BufferedByteReceiveStream(conn).receive_until(b"\n", REFUSED_READ)
 
-    async def _serve(self, conn: anyio.abc.SocketStream) -> None:
-        if self.connections > self.max_connections:
-            busy = f"gpusvd is serving its limit of {self.max_connections} connections; retry"
-            await self._refuse(conn, protocol.BUSY, busy)
-            return
-        self.serial += 1
-        peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket), self.serial)
+    async def _serve(self, conn: anyio.abc.SocketStream, peer: Peer) -> None:
         refused = self.admit(peer)
         if refused is not None:
             await self._refuse(conn, protocol.FORBIDDEN, refused)

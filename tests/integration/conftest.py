@@ -27,6 +27,7 @@ class Daemon:
         self.socket = root / "gpusvd.sock"
         self.kernel_log = root / "kern.log"
         self.kernel_log.touch()
+        self.kernel_source = f"file:{self.kernel_log}"  # or "kmsg": the real /dev/kmsg
         self.config = root / "gpusvd.toml"
         self.config.write_text(config)
         self.log = root / "daemon.log"
@@ -51,7 +52,7 @@ class Daemon:
             "--socket",
             str(self.socket),
             "--kernel-log",
-            f"file:{self.kernel_log}",
+            self.kernel_source,
         ]
         if self.gpus:
             argv += ["--simulate-gpus", self.gpus]

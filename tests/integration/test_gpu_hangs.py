@@ -181,3 +181,29 @@ def test_a_line_after_the_exit_reclassifies_a_queued_retry(
     hangs = json.loads(d.cli("stats", "--json").stdout)["gpu_hangs"]
     # The line also hit the blocker, which was on the card when it arrived.
     assert sorted(h["job"] for h in hangs) == [job, blocker]
+
+
+XID_109_CARD1 = XID_109_CARD0.replace("PCI:0000:01:00", "PCI:0000:02:00")
+
+
+def test_a_hang_line_for_a_card_with_no_job_blames_nobody(daemon: Daemon) -> None:
+    busy = daemon.submit("sleep", "300")
+    assert daemon.wait_state(busy, "running")["gpus"] == [0]
+    daemon.append_kernel(XID_109_CARD1)
+    daemon.wait_for(
+        lambda: "gpu fault" in daemon.log_text() and "gpu=1" in daemon.log_text(),
+        what="the daemon to read the line for card 1",
+    )
+    shown = daemon.show(busy)
+    assert shown["state"] == "running" and len(shown["attempts"]) == 1
+    assert shown["attempts"][0]["reason"] is None
+    assert daemon.call({"type": "stats"})["gpu_hangs"] == []
+    gpus = json.loads(daemon.cli("gpus", "--json").stdout)
+    assert [g["health"] for g in gpus] == ["ok", "ok"]
+    # A job that starts on that card later and fails was not hit by the earlier line.
+    later = daemon.submit("sh", "-c", "exit 1", retries=0)
+    done = daemon.wait_done(later)
+    assert done["attempts"][0]["gpus"] == [1]
+    assert done["reason"] == "exit_nonzero"
+    assert daemon.call({"type": "stats"})["gpu_hangs"] == []
+    daemon.cli("cancel", str(busy))

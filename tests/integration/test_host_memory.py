@@ -260,3 +260,46 @@ def test_the_newest_job_ranks_first_for_the_oom_killer_and_the_next_newest_takes
     d.wait_done(jobs[0])
     assert oom_score_adj(pids[1]) == 1000
     d.cli("cancel", str(jobs[1]))
+
+
+def _mem_available_mb() -> int:
+    with open("/proc/meminfo") as fh:
+        kb = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
+    return kb // 1024
+
+
+# Ignores SIGTERM, so it holds its memory through the whole kill grace.
+STUBBORN_HOG = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * len(b[::4096])\n"
+    "while True: time.sleep(1)"
+)
+
+
+def test_the_squeeze_guard_waits_for_its_victim_instead_of_stopping_one_job_per_pass(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # The line sits 1500 MiB under MemAvailable now: the 3000 MiB hog alone crosses it,
+    # and stopping the hog alone brings the machine back over it. The hog outlives
+    # SIGTERM for the 3 s grace, some 30 sampler passes: none of them may stop another.
+    hog_mb, line_mb = 3000, _mem_available_mb() - 1500
+    config = (
+        f'[host_memory]\nsample_interval_s = 0.1\nsqueeze_below = "{line_mb}M"\n'
+        "[jobs]\nkill_grace_s = 3\n"
+    )
+    d = make_daemon(gpus="3x8G", config=config)
+    older = [d.submit("sleep", "300") for _ in range(2)]
+    for job in older:
+        d.wait_pid(job)
+    hog = d.submit(PY, "-c", STUBBORN_HOG, str(hog_mb), retries=0)
+    done = d.wait_done(hog, timeout=60)
+    assert done["reason"] == "oom_killed"
+    assert done["attempts"][0]["evidence"]["source"] == "squeeze_guard"
+    assert done["attempts"][0]["signal"] == 9  # it did hold on through the grace
+    for job in older:
+        shown = d.show(job)
+        if shown["state"] != "running":
+            print(shown["attempts"], d.log_text()[-3000:])
+        assert shown["state"] == "running"
+        assert len(shown["attempts"]) == 1 and shown["attempts"][0]["reason"] is None
+        d.cli("cancel", str(job))

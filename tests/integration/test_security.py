@@ -606,3 +606,39 @@ def test_a_non_root_daemon_serves_only_its_own_user(users: Users) -> None:
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
+
+
+def test_admin_group_members_may_watch_and_cancel_every_job_and_others_may_not(
+    make_daemon: Callable[..., Daemon], users: Users
+) -> None:
+    # The admin group is b's own group (useradd made one per user): b is a member, a is
+    # not, and both reach the socket through the shared group.
+    a, b = users.member, users.other_member
+    config = f'socket_group = "{users.group}"\nadmin_group = "{b.name}"\ncpu_slots = 8\n'
+    d = make_daemon(config=config, start=False)
+    d.socket = users.shared / f"{uuid.uuid4().hex[:8]}.sock"
+    d.start()
+    secret = "s3cret-" + uuid.uuid4().hex
+    submitted = users.cli(
+        a, d.socket, "submit", "--gpus", "0", "--name", secret, "--", "sleep", "30"
+    )
+    mine = int(submitted.stdout)
+    theirs = int(users.cli(b, d.socket, "submit", "--gpus", "0", "--", "sleep", "30").stdout)
+    d.wait_state(mine, "running")
+    d.wait_state(theirs, "running")
+
+    seen = users.cli(b, d.socket, "show", "--json", str(mine))
+    assert seen.returncode == 0, seen.stderr
+    assert json.loads(seen.stdout)["name"] == secret
+    listed = json.loads(users.cli(b, d.socket, "list", "--json").stdout)
+    assert next(j for j in listed if j["id"] == mine)["name"] == secret
+
+    for args in (["show", str(theirs)], ["logs", str(theirs)], ["cancel", str(theirs)]):
+        refused = users.cli(a, d.socket, *args)
+        assert refused.returncode == 1 and "forbidden" in refused.stderr, (args, refused.stderr)
+    assert d.show(theirs)["state"] == "running"
+
+    cancelled = users.cli(b, d.socket, "cancel", str(mine))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert d.wait_done(mine)["state"] == "cancelled"
+    d.cli("cancel", str(theirs))

@@ -1,0 +1,98 @@
+"""The group commit's isolation: writes queued together share one transaction, and one
+whose own statement fails is undone alone (its savepoint), on a real SQLite file."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiosqlite
+import anyio
+import pytest
+
+from supervisor.daemon.store_writer import Writer
+
+
+@pytest.fixture
+async def writer(tmp_path: Path) -> AsyncIterator[tuple[Writer, Path]]:
+    path = tmp_path / "t.db"
+    db = await aiosqlite.connect(path, isolation_level=None)
+    await db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    try:
+        yield Writer(db), path
+    finally:
+        await db.close()
+
+
+def committed(path: Path) -> list[str]:
+    """What another connection sees: only what was committed."""
+    with sqlite3.connect(path) as other:
+        return [k for (k,) in other.execute("SELECT k FROM t ORDER BY k")]
+
+
+async def test_a_failing_write_is_undone_alone_and_the_others_of_its_batch_commit(
+    writer: tuple[Writer, Path],
+) -> None:
+    w, path = writer
+    seen_by_others: list[list[str]] = []
+
+    async def first(db: aiosqlite.Connection) -> str:
+        await db.execute("INSERT INTO t VALUES ('a1')")
+        return "first"
+
+    async def bad(db: aiosqlite.Connection) -> str:
+        await db.execute("INSERT INTO t VALUES ('b1')")  # written, then undone
+        await db.execute("INSERT INTO t VALUES ('a1')")  # a constraint: the op fails
+        return "unreachable"
+
+    async def last(db: aiosqlite.Connection) -> str:
+        seen_by_others.append(committed(path))  # nothing of the batch is committed yet
+        async with db.execute("SELECT k FROM t ORDER BY k") as cur:
+            inside = [k for (k,) in await cur.fetchall()]
+        await db.execute("INSERT INTO t VALUES ('c1')")
+        return ",".join(inside)
+
+    results: dict[str, object] = {}
+
+    async def call(name: str, op: object) -> None:
+        try:
+            results[name] = await w.write(op)  # type: ignore[arg-type]
+        except Exception as exc:
+            results[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(w.run_writer)
+        # Queued in one loop turn: the writer wakes once and commits the three together.
+        for name, op in (("first", first), ("bad", bad), ("last", last)):
+            tg.start_soon(call, name, op)
+        with anyio.fail_after(10):
+            while len(results) < 3:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+
+    assert seen_by_others == [[]], "the three writes were not one transaction"
+    assert results["first"] == "first"
+    assert isinstance(results["bad"], sqlite3.IntegrityError)
+    assert results["last"] == "a1"  # inside the batch: the first's row, not the bad one's
+    assert committed(path) == ["a1", "c1"]
+    assert w.problem is None and w.failures == 0
+
+
+async def test_a_lone_failing_write_is_rolled_back_and_the_next_one_commits(
+    writer: tuple[Writer, Path],
+) -> None:
+    w, path = writer
+
+    async def bad(db: aiosqlite.Connection) -> None:
+        await db.execute("INSERT INTO t VALUES ('x')")
+        await db.execute("INSERT INTO missing VALUES (1)")
+
+    async def good(db: aiosqlite.Connection) -> None:
+        await db.execute("INSERT INTO t VALUES ('y')")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        await w.write(bad)
+    await w.write(good)
+    assert committed(path) == ["y"]
+    assert w.problem is None
