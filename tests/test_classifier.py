@@ -23,7 +23,7 @@ from supervisor.faults.classifier import (
 from supervisor.faults.nvidia import UNKNOWN_XID, XID_CATALOG, classify_xid
 
 DATA = Path(__file__).parent / "data"
-CORPORA = ("kernel-log-corpus.tsv", "kernel-log-extra.tsv")
+CORPORA = ("kernel-log-corpus.tsv", "kernel-log-extra.tsv", "kernel-log-families.tsv")
 
 
 class Row(NamedTuple):
@@ -334,6 +334,14 @@ def test_normalize_bus_id_round_trips(domain: int, bus: int, device: int, functi
         assert normalize_bus_id(f"PCI:{domain:04x}:{bus:02x}:{device:02x}") == canonical
         gpu_id = f"[GPU ID 0x{domain << 16 | bus << 8 | device:08x}]"
         assert normalize_bus_id(gpu_id) == canonical
+
+
+def test_a_mig_instance_is_kept_beside_the_card() -> None:
+    line = "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 31, pid=7, name=python, MMU Fault"
+    result = classify(line)
+    assert (result.pci_bus_id, result.xid, result.gpu_instance) == ("0000:01:00.0", 31, 5)
+    assert result.to_json()["gpu_instance"] == 5 and result.line == line
+    assert classify("NVRM: Xid (PCI:0000:01:00): 31, pid=7").gpu_instance is None
 
 
 def test_to_json_shape() -> None:

@@ -115,9 +115,9 @@ def test_a_card_whose_files_vanish_is_lost(sysfs: Path) -> None:
     assert [c.health for c in backend.discover()] == ["ok", "lost"]
 
 
-def test_a_card_without_busy_percent_reads_zero_utilization(tmp_path: Path) -> None:
+def test_a_card_without_busy_percent_reads_unknown_utilization(tmp_path: Path) -> None:
     add_amd_card(tmp_path, 0, "0000:03:00.0", busy_percent=None)
-    assert AmdBackend(tmp_path).query(0).utilization_pct == 0.0
+    assert AmdBackend(tmp_path).query(0).utilization_pct is None
 
 
 def test_a_garbled_value_is_an_error_but_not_a_lost_card(sysfs: Path) -> None:

@@ -77,7 +77,6 @@ def test_bus_ids_sort_numerically_across_domain_widths() -> None:
     [
         pynvml.NVML_ERROR_GPU_IS_LOST,
         pynvml.NVML_ERROR_RESET_REQUIRED,
-        pynvml.NVML_ERROR_UNKNOWN,
         pynvml.NVML_ERROR_IRQ_ISSUE,
     ],
 )
@@ -124,6 +123,11 @@ class FakeDevice:
     util_supported: bool = True
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
+    uuid: str = ""
+    mig: bool = False
+    handle_error: int | None = None  # nvmlDeviceGetHandleByIndex fails with this code
+    error: int | None = None  # every reading fails with this code
+    hang: Any = None  # a threading.Event: readings block until it is set
 
 
 class FakeNvml:
@@ -153,7 +157,16 @@ class FakeNvml:
         return b"550.54.15"
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeDevice:
-        return self.devices[i]
+        d = self.devices[i]
+        if d.handle_error is not None:
+            raise pynvml.NVMLError(d.handle_error)
+        return d
+
+    def nvmlDeviceGetUUID(self, d: FakeDevice) -> str:
+        return d.uuid or f"GPU-{abs(hash(d.bus_id)):08x}-0000-0000-0000-000000000000"
+
+    def nvmlDeviceGetMigMode(self, d: FakeDevice) -> tuple[int, int]:
+        return (1, 1) if d.mig else (0, 0)
 
     def nvmlDeviceGetPciInfo(self, d: FakeDevice) -> Any:
         return SimpleNamespace(busId=d.bus_id)
@@ -180,8 +193,12 @@ class FakeNvml:
         return [SimpleNamespace(pid=p, usedGpuMemory=_bytes(mb)) for p, mb in d.graphics]
 
     def _check(self, d: FakeDevice) -> None:
+        if d.hang is not None:
+            d.hang.wait()
         if d.lost:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if d.error is not None:
+            raise pynvml.NVMLError(d.error)
 
 
 def _bytes(mb: int | None) -> int | None:
@@ -219,9 +236,9 @@ def test_a_lost_card_raises_and_is_discovered_as_lost(fake: FakeNvml) -> None:
     assert [c.health for c in backend.discover()] == ["ok", "lost"]
 
 
-def test_unsupported_utilization_reads_zero(fake: FakeNvml) -> None:
+def test_unsupported_utilization_reads_unknown_not_zero(fake: FakeNvml) -> None:
     fake.devices[1].util_supported = False
-    assert NvmlBackend(fake).query(0).utilization_pct == 0.0
+    assert NvmlBackend(fake).query(0).utilization_pct is None
 
 
 def test_process_vram_merges_compute_and_graphics(fake: FakeNvml) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -171,11 +172,39 @@ def test_wedged_card_blocks_query_until_cleared(tmp_path: Path) -> None:
     thread.start()
     thread.join(0.3)
     assert thread.is_alive() and result == []
-    assert backend.discover()[1].health == "ok"  # discovery does not wait on a wedge
     write_control(tmp_path, 1, wedged=False)
     thread.join(WAIT_S)
     assert not thread.is_alive()
     assert result[0].utilization_pct == 12
+
+
+def test_a_card_wedged_at_start_starts_lost_and_comes_back(tmp_path: Path) -> None:
+    write_control(tmp_path, 1, wedged=True)
+    backend = SimulatedBackend(parse_spec("3x8G"), tmp_path, probe_deadline_s=0.2)
+    cards = backend.discover()  # returns: one wedged card does not hold up the others
+    assert [c.health for c in cards] == ["ok", "lost", "ok"]
+    assert cards[1].uuid == "GPU-5eed0000-0000-4000-8000-000000000001"
+    with pytest.raises(GpuLost, match="start-up probe"):
+        backend.query(1)  # at once: no second thread waits on the same wedge
+    assert backend.discover()[1].health == "lost"
+    write_control(tmp_path, 1, wedged=False)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            assert backend.query(1).health == "ok"
+            break
+        except GpuLost:
+            time.sleep(0.02)
+    else:
+        raise AssertionError("the card did not come back once its probe returned")
+    backend.close()
+
+
+def test_unknown_utilization_is_none(tmp_path: Path) -> None:
+    backend = open_sim(tmp_path)
+    write_control(tmp_path, 0, utilization_pct=None)
+    assert backend.query(0).utilization_pct is None
+    assert backend.query(1).utilization_pct == 0.0
 
 
 def test_close_releases_a_query_blocked_on_a_wedged_card(tmp_path: Path) -> None:

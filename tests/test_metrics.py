@@ -29,6 +29,7 @@ CARD = CardSample(
     vram_total_mb=8192,
     healthy=True,
     running_jobs=1,
+    uuid="GPU-5eed0000-0000-4000-8000-000000000000",
 )
 SNAP = Snapshot(
     jobs={"succeeded": 3, "running": 1},
@@ -78,7 +79,8 @@ def test_jobs_holds_and_failures_have_a_series_for_every_known_value() -> None:
 
 def test_cards_in_base_units_and_hangs_keep_the_driver_of_their_time() -> None:
     text = render(SNAP)
-    card = {"gpu": "0", "pci_bus_id": "0000:01:00.0"}
+    # dcgm-exporter's label names and bus id spelling, so that series join on a card
+    card = {"gpu": "0", "UUID": CARD.uuid, "pci_bus_id": "00000000:01:00.0"}
     assert value(text, "gpusv_gpu_utilization_ratio", **card) == 0.5
     assert value(text, "gpusv_gpu_memory_used_bytes", **card) == 1024 * MIB
     assert value(text, "gpusv_gpu_memory_total_bytes", **card) == 8192 * MIB
@@ -89,6 +91,13 @@ def test_cards_in_base_units_and_hangs_keep_the_driver_of_their_time() -> None:
     assert value(text, "gpusv_gpu_hangs_total", driver_version="550.54.15", **card) == 0
     lost = dataclasses.replace(SNAP, cards=(dataclasses.replace(CARD, healthy=False),))
     assert value(render(lost), "gpusv_gpu_healthy", **card) == 0
+
+
+def test_unknown_utilization_has_no_series_rather_than_zero() -> None:
+    unknown = dataclasses.replace(SNAP, cards=(dataclasses.replace(CARD, utilization_pct=None),))
+    names = {name for name, _ in samples(render(unknown))}
+    assert "gpusv_gpu_utilization_ratio" not in names
+    assert "gpusv_gpu_memory_used_bytes" in names
 
 
 def test_host_ledger_in_bytes_may_go_negative() -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
-from supervisor.faults.watchdog import ProgressState, ProgressTracker, check_progress
+from supervisor.faults.cputime import cpu_seconds
+from supervisor.faults.watchdog import ProgressState, ProgressTracker, check_progress, verdict
 
 T0 = 1000.0
 TIMEOUT = 1800.0
@@ -155,3 +159,54 @@ def test_a_catastrophic_pattern_is_dropped_instead_of_stalling() -> None:
     assert tracker.state().last_progress_at == 5.0
     tracker.on_output("more\n", now=9.0)  # output growth counts from now on
     assert tracker.state().last_progress_at == 9.0
+
+
+# --- unknown utilization, the CPU, and the pure no-progress rule -----------------------------
+
+
+def test_unknown_utilization_never_makes_a_job_idle() -> None:
+    tracker = ProgressTracker(None, T0)
+    for t in range(0, 10 * int(TIMEOUT), 10):
+        tracker.on_utilization(None, T0 + t)
+    state = tracker.state()
+    assert state.low_util_since is None and state.util_unknown
+    assert verdict(state, now=T0 + 10 * TIMEOUT, timeout_s=TIMEOUT) == "ok"
+
+
+def test_a_job_busy_on_the_cpu_is_not_idle_at_zero_percent_gpu() -> None:
+    tracker = ProgressTracker(None, T0)
+    cpu = 0.0
+    for t in range(0, 10 * int(TIMEOUT), 10):
+        cpu += 18.1  # 181 % of a core over each 10 s: a CPU render printing nothing
+        tracker.on_utilization(0.0, T0 + t, cpu_s=cpu)
+    state = tracker.state()
+    assert state.low_util_since is None and state.max_cpu_pct == 181.0
+    assert verdict(state, now=T0 + 10 * TIMEOUT, timeout_s=TIMEOUT) == "ok"
+
+
+def test_a_sleeping_job_at_zero_percent_is_idle() -> None:
+    tracker = ProgressTracker(None, T0)
+    for t in range(0, int(TIMEOUT) + 20, 10):
+        tracker.on_utilization(0.0, T0 + t, cpu_s=0.25)  # no CPU used between samples
+    assert verdict(tracker.state(), now=T0 + TIMEOUT + 10, timeout_s=TIMEOUT) == "idle"
+
+
+def test_the_stall_rule_fires_at_full_utilization() -> None:
+    tracker = ProgressTracker(None, T0)
+    for t in range(0, 200, 10):
+        tracker.on_utilization(100.0, T0 + t)
+    state = tracker.state()
+    assert verdict(state, now=T0 + 119, timeout_s=TIMEOUT, stall_timeout_s=120) == "ok"
+    assert verdict(state, now=T0 + 120, timeout_s=TIMEOUT, stall_timeout_s=120) == "stalled"
+    assert verdict(state, now=T0 + 10 * TIMEOUT, timeout_s=TIMEOUT, stall_timeout_s=None) == "ok"
+    tracker.on_output("step 5\n", T0 + 200)
+    assert verdict(tracker.state(), now=T0 + 300, timeout_s=TIMEOUT, stall_timeout_s=120) == "ok"
+
+
+def test_cpu_seconds_of_this_process_grow_and_gone_pids_count_nothing() -> None:
+    pid = os.getpid()
+    before = cpu_seconds([pid, 2**22 + 1])
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    assert cpu_seconds([pid]) > before

@@ -41,6 +41,7 @@ FLAGS = {
     "gpu_hang_retries": "--gpu-hang-retries",
     "progress_timeout_s": "--progress-timeout",
     "progress_regex": "--progress-regex",
+    "stall_timeout_s": "--stall-timeout",
     "priority": "--priority",
     "after": "--after",
     "time_limit_s": "--time",

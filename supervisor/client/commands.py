@@ -208,6 +208,7 @@ def cmd_clean(client: Client, a: argparse.Namespace) -> int:
 
 def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
     from supervisor.client import render  # only for the commands that print jobs or sizes
+    from supervisor.client.cards import allocation_notes, health_text, util_text
 
     gpus = client.call({"type": "gpus"})["gpus"]
     if a.json:
@@ -216,11 +217,11 @@ def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
     rows = [
         [
             str(g["index"]),
-            g["pci_bus_id"],
+            g["pci_bus_id"] or "?",
             g["name"],
-            f"{g['utilization_pct']:.0f}%",
+            util_text(g.get("utilization_pct")),
             f"{render.size_text(g['vram_used_mb'])} / {render.size_text(g['vram_total_mb'])}",
-            g["health"],
+            health_text(g),
             ",".join(map(str, g["running_jobs"])) or "-",
             str(g["gpu_hangs"]),
         ]
@@ -228,6 +229,7 @@ def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
     ]
     header = ["GPU", "BUS ID", "NAME", "UTIL", "VRAM", "HEALTH", "JOBS", "HANGS"]
     _lines(render.table(rows, header))
+    _lines(allocation_notes(gpus))
     return 0
 
 

@@ -72,6 +72,12 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--progress-regex", dest="progress_regex", metavar="REGEX", help="output that is progress"
     )
+    p.add_argument(
+        "--stall-timeout",
+        dest="stall_timeout",
+        metavar="DURATION",
+        help="stop a job without progress this long at any GPU load (0: off; default: config)",
+    )
     p.add_argument("--priority", type=int, default=0, metavar="N", help="higher starts first")
     p.add_argument(
         "--after",

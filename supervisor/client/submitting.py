@@ -125,6 +125,7 @@ def job_options(a: Any) -> dict[str, Any]:
         "gpu_hang_retries": a.gpu_hang_retries,
         "progress_timeout_s": _seconds(a.progress_timeout, "--progress-timeout"),
         "progress_regex": a.progress_regex,
+        "stall_timeout_s": _seconds(a.stall_timeout, "--stall-timeout"),
         "priority": a.priority,
         "after": parse_after(a.after),
         "time_limit_s": _seconds(a.time, "--time"),

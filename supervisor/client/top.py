@@ -19,6 +19,8 @@ import tty
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from supervisor.client.cards import allocation_notes, health_text, util_text
+
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, hide the cursor
 LEAVE = "\x1b[?25h\x1b[?1049l"
 HOME = "\x1b[H"
@@ -84,16 +86,18 @@ def _cards(gpus: list[dict[str, Any]]) -> list[str]:
     rows = [
         [
             str(g["index"]),
-            g["pci_bus_id"],
-            f"{g['utilization_pct']:.0f}%",
+            g["pci_bus_id"] or "?",
+            util_text(g.get("utilization_pct")),
             f"{size_text(g['vram_used_mb'])}/{size_text(g['vram_total_mb'])}",
-            g["health"],
+            health_text(g),
             str(g["gpu_hangs"]),
             ",".join(map(str, g["running_jobs"])) or "-",
         ]
         for g in gpus
     ]
-    return table(["GPU", "BUS ID", "UTIL", "VRAM", "HEALTH", "HANGS", "JOBS"], rows)
+    return table(["GPU", "BUS ID", "UTIL", "VRAM", "HEALTH", "HANGS", "JOBS"], rows) + (
+        allocation_notes(gpus)
+    )
 
 
 def _running(jobs: list[dict[str, Any]]) -> list[str]:

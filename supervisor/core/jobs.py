@@ -83,6 +83,7 @@ class JobSpec:
     priority: int = 0
     after: tuple[int, ...] = ()
     time_limit_s: float | None = None  # per attempt; past it: stopped, reason timeout
+    stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
 
 
 @dataclass(frozen=True)

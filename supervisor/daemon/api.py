@@ -181,6 +181,7 @@ class Api:
                 priority=opts.priority,
                 after=opts.after,
                 time_limit_s=opts.time_limit_s,
+                stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
             )
             for i, argv in enumerate(req.argvs)
         ]
@@ -328,3 +329,9 @@ class Api:
             "done": job.state.terminal and offset + len(data) >= size,
             "state": job.state.value,
         }
+
+
+def _or(given: float | None, default: float) -> float | None:
+    """A job's own timeout, else the configured default; 0 (off) becomes None."""
+    value = default if given is None else given
+    return value or None

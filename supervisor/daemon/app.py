@@ -47,7 +47,9 @@ from supervisor.daemon.systemd import (
     watchdog_task,
 )
 from supervisor.daemon.telemetry import Telemetry
-from supervisor.gpus import open_backend
+from supervisor.gpus import GpuError, open_backend
+from supervisor.gpus.nvml_events import nvml_xid_sources
+from supervisor.gpus.release import release_backend
 from supervisor.wire.locations import config_path
 
 log = structlog.get_logger("gpusvd")
@@ -132,7 +134,9 @@ async def build(cfg: Config) -> Parts:
 async def _assemble(cfg: Config, store: Store) -> Parts:
     state = cfg.state_dir
     await _record_previous_exit(store, state)
-    backend, warnings = open_backend(cfg.simulate_gpus, state)
+    backend, warnings = open_backend(
+        cfg.simulate_gpus, state, probe_deadline_s=cfg.gpus.probe_deadline_s, env=os.environ
+    )
     for warning in warnings:
         log.warning(warning)
     forensics = Forensics()
@@ -148,9 +152,14 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         on_change=lambda: _cards_changed(sched, monitor),
         beat=lambda: board.beat("gpu-monitor", time.monotonic()),
     )
-    await monitor.discover()
+    monitor.visible_by = cfg.gpus.visible_devices
+    try:
+        await monitor.discover()
+    except GpuError as exc:  # e.g. a CUDA_VISIBLE_DEVICES naming no card of this host
+        raise StartupError(str(exc)) from None
     sched.cards = monitor.admission_cards()
     hangs = HangWatcher(sched, monitor, cfg)
+    hangs.more_sources = lambda: nvml_xid_sources(monitor.backend)
     hooks = Hooks(cfg.hooks, sched)
     sched.observers.append(hooks.on_change)
     hangs.reclassified = hooks.after_attempt
@@ -169,6 +178,7 @@ async def _assemble(cfg: Config, store: Store) -> Parts:
         on_end=lambda job, r: _on_end(hangs, hooks, job, r),
     )
     hangs.attempts = attempts
+    attempts.uuids_of = monitor.uuids_of
     sched.beat = lambda: board.beat("scheduler", time.monotonic())
     hangs.beat = lambda: board.beat("kernel-log", time.monotonic())
     sched.launch = attempts.launch
@@ -385,6 +395,7 @@ async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> i
         parts.deadman.stop()
         with anyio.CancelScope(shield=True):
             await parts.store.close()
+            await release_backend(parts.monitor.backend)
     log.info("stopped")
     return 0
 

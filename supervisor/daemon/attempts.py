@@ -64,6 +64,7 @@ class AttemptRunner:
         self.cfg = sched.cfg
         self.logs_dir = logs_dir
         self.visibility_env = visibility_env
+        self.uuids_of: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda cards: ()
         self.abort = abort
         self.oom_evidence = oom_evidence
         self.hang_evidence = hang_evidence
@@ -101,6 +102,7 @@ class AttemptRunner:
 
     async def launch(self, job: Job, r: Running) -> None:
         """Persist the attempt, start it, wait for it, record its end."""
+        r.attempt = dataclasses.replace(r.attempt, gpu_uuids=self.uuids_of(r.cards))
         at = r.attempt.started_at
         started = transition(job, JobState.RUNNING, at, gpus=r.cards, attempts=r.attempt.n)
         gpus = ",".join(map(str, r.cards)) or "none"

@@ -222,6 +222,22 @@ class GpuHangConfig:
 @dataclass(frozen=True)
 class WatchdogConfig:
     progress_timeout_s: float = field(default=1800.0, metadata={"parse": _TIMEOUT})
+    # 0: off. No output for this long fails a job as gpu_hang at any utilization.
+    stall_timeout_s: float = field(default=0.0, metadata={"parse": _number(0.0)})
+
+
+def _visible_by(value: object, key: str) -> str:
+    if value not in ("index", "uuid"):
+        raise _fail(key, "must be index or uuid", value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class GpusConfig:
+    visible_devices: Literal["index", "uuid"] = field(
+        default="index", metadata={"parse": _visible_by}
+    )
+    probe_deadline_s: float = field(default=10.0, metadata={"parse": _TIMEOUT})
 
 
 @dataclass(frozen=True)
@@ -289,6 +305,7 @@ class Config:
     retries: RetriesConfig = field(default_factory=RetriesConfig, metadata=_SECTION)
     gpu_hang: GpuHangConfig = field(default_factory=GpuHangConfig, metadata=_SECTION)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig, metadata=_SECTION)
+    gpus: GpusConfig = field(default_factory=GpusConfig, metadata=_SECTION)
     deadman: DeadmanConfig = field(default_factory=DeadmanConfig, metadata=_SECTION)
     jobs: JobsConfig = field(default_factory=JobsConfig, metadata=_SECTION)
     hooks: HooksConfig = field(default_factory=HooksConfig, metadata=_SECTION)

@@ -17,7 +17,10 @@ import structlog
 
 from supervisor.core.admission import Card
 from supervisor.daemon.clock import monotonic
-from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost
+from supervisor.gpus.allocation import describe_allocation
+from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost, GpuResetting
+from supervisor.gpus.health import placeable
+from supervisor.gpus.visibility import VisibleBy, identify
 
 log = structlog.get_logger("gpusvd.gpus")
 T = TypeVar("T")
@@ -51,9 +54,13 @@ class GpuMonitor:
         self._in_flight: set[int] = set()
         self._quarantine: dict[int, float] = {}  # card -> monotonic time to re-probe from
         self.recovering: set[int] = set()  # cards being re-probed after a hang: no placements
+        self.resetting: set[int] = set()  # the driver refuses reads while it resets: no placements
+        self.visible_by: VisibleBy = "index"  # what CUDA_/ROCR_VISIBLE_DEVICES carry
+        self.allocation: str | None = None  # the visibility variable gpusvd itself was given
 
     async def discover(self) -> None:
         self.cards = list(await self.call(self.backend.discover, "gpu-discover"))
+        self.allocation = describe_allocation(self.backend)
 
     def by_bus_id(self, bus_id: str) -> int | None:
         for card in self.cards:
@@ -70,14 +77,18 @@ class GpuMonitor:
                 index=c.index,
                 vram_total_mb=c.vram_total_mb,
                 vram_used_mb=c.vram_used_mb,
-                healthy=c.health == "ok" and c.index not in self.recovering,
+                healthy=placeable(c) and c.index not in self.recovering | self.resetting,
                 running=(),
             )
             for c in self.cards
         ]
 
     def visibility_env(self, indices: tuple[int, ...]) -> dict[str, str]:
-        return self.backend.visibility_env([self.cards[i] for i in indices])
+        cards = [self.cards[i] for i in indices]
+        return identify(self.backend.visibility_env(cards), cards, self.visible_by)
+
+    def uuids_of(self, indices: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(self.cards[i].uuid for i in indices)
 
     def mark_lost(self, index: int, why: str, quarantine_s: float = 0.0) -> None:
         """A card the kernel says fell off the bus stays out for `quarantine_s` even if the
@@ -103,11 +114,17 @@ class GpuMonitor:
         except GpuLost as exc:
             self.mark_lost(index, str(exc) or "backend reports the card lost")
             return None
+        except GpuResetting as exc:
+            self._resetting(index, str(exc))
+            return None
         except Exception as exc:  # a backend bug must not take the monitor down
             log.warning("gpu query failed", gpu=index, error=repr(exc))
             return None
         finally:
             self._in_flight.discard(index)
+        if index in self.resetting:
+            self.resetting.discard(index)
+            self.on_change()
         old = self.cards[index]
         if old.health == "lost" and monotonic() < self._quarantine.get(index, 0.0):
             return None
@@ -118,6 +135,12 @@ class GpuMonitor:
         if (old.health, old.vram_used_mb) != (info.health, info.vram_used_mb):
             self.on_change()
         return info
+
+    def _resetting(self, index: int, why: str) -> None:
+        if index not in self.resetting:
+            self.resetting.add(index)
+            log.warning("gpu resetting", gpu=index, why=why)
+            self.on_change()
 
     def poke(self) -> None:
         """Read the cards now (a job just started: the watchdog needs fresh utilization)."""

@@ -21,6 +21,7 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.store import Attempt, Event
 from supervisor.faults.classifier import Classification, Classifier, FaultClass
+from supervisor.faults.merge import attributed_bus, feed
 from supervisor.faults.sources import KernelLine, follow
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class HangWatcher:
         self.fault_seen = anyio.Event()
         self.beat: Any = lambda: None
         self.reclassified: Any = lambda job, attempt: None  # the operator's on_gpu_hang hook
+        self.more_sources: Any = dict  # () -> {name: lines}: NVML's Xid events, set by the daemon
 
     def recent(self) -> list[str]:
         return list(self.lines)
@@ -73,8 +75,8 @@ class HangWatcher:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._heartbeat)
             task_status.started()
-            async for line in follow(self.cfg.kernel_log, on_restart=restarted):
-                self.on_line(line)
+            sources = {"kernel": follow(self.cfg.kernel_log, on_restart=restarted)}
+            await feed({**sources, **self.more_sources()}, self.on_line)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -89,7 +91,7 @@ class HangWatcher:
         cls = self.classifier.feed(line.text)
         if cls.fault_class not in HANG_CLASSES:
             return
-        card = self.card_for(cls)
+        card = self.card_for(cls, line.device)
         if card is None:
             log.warning("gpu fault on no known card", line=line.text, bus_id=cls.pci_bus_id)
             return
@@ -113,10 +115,12 @@ class HangWatcher:
                 self.sched.tg.start_soon(self.abort_hung, r, card, evidence)
         self._reclassify_recent(fault)
 
-    def card_for(self, cls: Classification) -> int | None:
-        """By bus id; a line naming none only when exactly one card of its vendor exists."""
-        if cls.pci_bus_id:
-            return self.monitor.by_bus_id(cls.pci_bus_id)
+    def card_for(self, cls: Classification, device: str | None = None) -> int | None:
+        """By bus id (the line's own, else the device the kernel filed it under); a line
+        naming none only when exactly one card of its vendor exists."""
+        bus = attributed_bus(cls.pci_bus_id, device)
+        if bus:
+            return self.monitor.by_bus_id(bus)
         same = [
             c.index for c in self.monitor.cards if c.vendor == cls.vendor or c.vendor == "simulated"
         ]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import psutil  # type: ignore[import-untyped]
 
+from supervisor.daemon.own_cgroup import memory_limit_mb
+
 _MB = 1024 * 1024
 
 
@@ -27,10 +29,15 @@ class MemInfo:
 
 
 def read_meminfo() -> MemInfo:
-    """Host-wide figures from /proc/meminfo (not those of any cgroup the daemon is in)."""
+    """Figures from /proc/meminfo, with the total capped at the memory limit of the cgroup
+    gpusvd runs in (its allocation: a Slurm job, a pod): the ledger is sized by it."""
     vm = psutil.virtual_memory()
     swap = psutil.swap_memory()
-    return MemInfo(vm.total // _MB, vm.available // _MB, swap.used // _MB)
+    total = vm.total // _MB
+    allocation = memory_limit_mb()
+    if allocation is not None:
+        total = min(total, allocation)
+    return MemInfo(total, vm.available // _MB, swap.used // _MB)
 
 
 @dataclass(frozen=True)

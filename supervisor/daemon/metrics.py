@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 from supervisor.core.admission import HoldReason
 from supervisor.core.jobs import FailureReason, Job, JobState
 from supervisor.daemon.clock import epoch_from_iso
+from supervisor.gpus.base import dcgm_bus_id
 
 log = structlog.get_logger("gpusvd.metrics")
 
@@ -44,7 +45,9 @@ SETTLE_S = 1.0  # a burst of state changes costs one snapshot per this many seco
 # Submit -> exec: from an idle box (well under a second) to a day-long queue.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400)
 HOLD_REASONS = (*get_args(HoldReason), "dependency")
-CARD_LABELS = ["gpu", "pci_bus_id"]
+# dcgm-exporter's names and spellings (UUID, an 8-digit-domain pci_bus_id), so that series
+# from both join on a card.
+CARD_LABELS = ["gpu", "UUID", "pci_bus_id"]
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,12 @@ class CardSample:
     name: str
     vendor: str
     driver_version: str
-    utilization_pct: float
+    utilization_pct: float | None  # None: the card cannot tell; no series then
     vram_used_mb: int
     vram_total_mb: int
     healthy: bool
     running_jobs: int
+    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,16 +146,19 @@ def card_families(
             "gpusv_gpu_running_jobs", "Jobs running on the card.", labels=CARD_LABELS
         ),
     }
-    counts = dict(hangs)
+    uuids = {str(c.index): c.uuid for c in cards}
+    counts = {(g, uuids.get(g, ""), dcgm_bus_id(bus), drv): n for (g, bus, drv), n in hangs.items()}
     for c in cards:
-        labels = [str(c.index), c.pci_bus_id]
+        gpu, uuid, bus = str(c.index), c.uuid, dcgm_bus_id(c.pci_bus_id)
+        labels = [gpu, uuid, bus]
         info.add_metric([*labels, c.name, c.vendor, c.driver_version], 1)
         gauges["healthy"].add_metric(labels, int(c.healthy))
-        gauges["util"].add_metric(labels, c.utilization_pct / 100)
+        if c.utilization_pct is not None:
+            gauges["util"].add_metric(labels, c.utilization_pct / 100)
         gauges["used"].add_metric(labels, c.vram_used_mb * MIB)
         gauges["total"].add_metric(labels, c.vram_total_mb * MIB)
         gauges["jobs"].add_metric(labels, c.running_jobs)
-        counts.setdefault((str(c.index), c.pci_bus_id, c.driver_version), 0)
+        counts.setdefault((gpu, uuid, bus, c.driver_version), 0)
     hang_family = CounterMetricFamily(
         "gpusv_gpu_hangs",
         "Attempts failed as gpu_hang, by card and the driver version at the time.",

@@ -18,7 +18,13 @@ from supervisor.daemon import joblogs, oom
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.memory import TreeSampler, read_meminfo
 from supervisor.daemon.runner import reap_orphans
-from supervisor.faults.watchdog import ProgressTracker, check_progress
+from supervisor.faults.cputime import cpu_seconds
+from supervisor.faults.watchdog import (
+    ProgressTracker,
+    job_utilization,
+    verdict,
+    watchdog_evidence,
+)
 
 if TYPE_CHECKING:
     from supervisor.daemon.attempts import AttemptRunner
@@ -166,19 +172,14 @@ class Sampler:
                 self.sched.jobs[r.job_id] = job = _with_progress(job, tracker.last_match)
             if not r.cards or r.kill_reason is not None:
                 continue
-            util = max(self.monitor.cards[c].utilization_pct for c in r.cards)
-            tracker.on_utilization(util, now)
+            util = job_utilization([self.monitor.cards[c].utilization_pct for c in r.cards])
+            tracker.on_utilization(util, now, _tree_cpu_s(r))
             timeout = job.spec.progress_timeout_s
-            if not timeout:
-                continue
-            if check_progress(tracker.state(), now=now, timeout_s=timeout) == "hung":
-                state = tracker.state()
-                evidence = {
-                    "source": "watchdog",
-                    "silent_s": round(now - state.last_progress_at, 1),
-                    "max_utilization_pct": state.max_util_seen,
-                    "cpu_percent": _cpu_percent(r),
-                }
+            stall = job.spec.stall_timeout_s
+            ruling = verdict(tracker.state(), now=now, timeout_s=timeout, stall_timeout_s=stall)
+            if ruling != "ok":
+                evidence = watchdog_evidence(tracker.state(), ruling, now, timeout, stall)
+                evidence["cpu_percent"] = _cpu_percent(r)
                 await self.hangs.watchdog_hang(r, evidence)
         for key in [k for k in self.offsets if k[0] // 2 not in self.sched.running]:
             del self.offsets[key]
@@ -197,6 +198,13 @@ def _read(path: Any, start: int, end: int) -> str:
     with open(path, "rb") as fh:
         fh.seek(max(start, end - READ_LIMIT))
         return fh.read(end - start).decode("utf-8", "replace")
+
+
+def _tree_cpu_s(r: Running) -> float | None:
+    """CPU seconds the job's processes have used, for the watchdog's idle rule."""
+    if r.handle is None:
+        return None
+    return cpu_seconds({r.handle.pid, *r.handle.known})
 
 
 def _cpu_percent(r: Running) -> float | None:

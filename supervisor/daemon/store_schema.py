@@ -15,7 +15,7 @@ import aiosqlite
 
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -94,9 +94,11 @@ MIGRATIONS: dict[int, str] = {
         data TEXT
     );
     """,
+    # The cards' UUIDs beside their indices: an index is only the daemon's number.
+    2: "ALTER TABLE attempts ADD COLUMN gpu_uuids TEXT",
     # `gpusv hold`, and `gpusv clean`: a cleaned job leaves every listing, but its
     # attempts stay (memory history) and so does its row, which they reference.
-    2: """
+    3: """
     ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN cleaned_at TEXT;
     """,
@@ -120,11 +122,13 @@ class Attempt:
     peak_rss_mb: int | None = None
     peak_vram_mb: int | None = None
     evidence: dict[str, Any] | None = None
+    gpu_uuids: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "n": self.n,
             "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
             "pid": self.pid,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
@@ -224,12 +228,13 @@ def _row_to_attempt(row: Sequence[Any]) -> Attempt:
         evidence=json.loads(row[12]) if row[12] else None,
         mem_key=row[13],
         mem_scale=row[14],
+        gpu_uuids=tuple(json.loads(row[15])) if row[15] else (),
     )
 
 
 ATTEMPT_COLUMNS = (
     "job_id, n, gpus, pid, pid_start, started_at, ended_at, exit_code, signal, reason, "
-    "peak_rss_mb, peak_vram_mb, evidence, mem_key, mem_scale"
+    "peak_rss_mb, peak_vram_mb, evidence, mem_key, mem_scale, gpu_uuids"
 )
 
 
@@ -275,7 +280,7 @@ async def _insert_event(db: aiosqlite.Connection, job_id: int | None, at: str, e
 
 async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
     await db.execute(
-        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             a.job_id,
             a.n,
@@ -292,6 +297,7 @@ async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
             json.dumps(a.evidence) if a.evidence else None,
             a.mem_key,
             a.mem_scale,
+            json.dumps(list(a.gpu_uuids)),
         ),
     )
 

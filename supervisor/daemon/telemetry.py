@@ -18,6 +18,7 @@ from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.metrics import CardSample, HostSample, Metrics, Snapshot
 from supervisor.daemon.server import Peer
+from supervisor.gpus.health import card_problems
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -77,6 +78,7 @@ class Telemetry:
         return [
             {
                 "index": c.index,
+                "uuid": c.uuid,
                 "name": c.name,
                 "vendor": c.vendor,
                 "pci_bus_id": c.pci_bus_id,
@@ -85,6 +87,8 @@ class Telemetry:
                 "utilization_pct": c.utilization_pct,
                 "driver_version": c.driver_version,
                 "health": c.health,
+                "mig": c.mig,
+                "allocation": self.parts.monitor.allocation,
                 "running_jobs": sorted(running.get(c.index, [])),
                 "gpu_hangs": hangs.get(c.index, 0),
             }
@@ -130,13 +134,7 @@ class Telemetry:
 
     async def problems(self) -> list[str]:
         parts = self.parts
-        problems = []
-        for c in parts.monitor.cards:
-            if c.health != "ok":
-                why = parts.monitor.lost_why.get(c.index, "")
-                problems.append(
-                    f"GPU {c.index} ({c.pci_bus_id}) is lost" + (f": {why}" if why else "")
-                )
+        problems = card_problems(parts.monitor.cards, parts.monitor.lost_why)
         if parts.store.problem is not None:
             problems.append(f"{parts.store.problem}; no job starts until it can")
         if parts.sched.draining:
@@ -190,6 +188,7 @@ class Telemetry:
                 vram_total_mb=c.vram_total_mb,
                 healthy=c.health == "ok",
                 running_jobs=len(running.get(c.index, [])),
+                uuid=c.uuid,
             )
             for c in parts.monitor.cards
         )

@@ -73,7 +73,7 @@ _HANG = _any(
     r"cp might be in an unrecoverable state",
     r"Resetting wave fronts",
     r"failed to (?:write|read) reg",
-    r"wait for kiq fence",
+    r"wait(?:ing)? for kiq fence",
     r"Failed to detect and reset",
     r"suspend of IP block <[^>]*> failed",
     r"SMU: I'm not done with your previous command|SMU: response:0x",
@@ -81,6 +81,17 @@ _HANG = _any(
     r"failed to send message \w+ ret is|last message was failed",  # powerplay: SMU gone quiet
     r"Poison (?:is )?consum|ERREVENT_|\[Hardware Error\]",
     r"GPU lockup|stalled for more than|GPU softreset",
+    # PSP (the security processor that loads firmware and resets the GPU) failing.
+    r"\bPSP (?:load tmr|create ring|resume|firmware loading|ring (?:create|stop|destroy)|"
+    r"load \w+|reset|suspend|hw init)\w* failed",
+    r"psp gfx command (?!LOAD_TA|INVOKE_CMD)\w+\(0x[0-9a-f]+\) failed",
+    r"failed to (?:load|start|stop|terminate) (?:psp|the psp)",
+    # MES queue and pipe resets, and the register waits MES runs for the driver.
+    r"reset via MES failed|try pipe reset|\breset (?:compute|gfx|sdma) queue\b|pipe reset",
+    r"reg_write_reg_wait|(?:Suspending|Resuming) all queues failed",
+    r"\bcp is busy\b",
+    # The SMU (power management firmware) no longer answering.
+    r"failed (?:to )?send (?:pre )?message|SMU: No response|SMU is not responding",
 )
 _UNCORRECTABLE = re.compile(r"(?:(\d+) )?uncorrectable hardware error", re.I)
 

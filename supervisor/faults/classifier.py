@@ -31,16 +31,22 @@ class Classification:
     fault_class: FaultClass
     pci_bus_id: str | None
     xid: int | None
+    # The MIG GPU instance an Xid names (`Xid (PCI:0000:01:00 GPU-I:05): 31`): the fault is
+    # that instance's, on the card of pci_bus_id. The raw line keeps the text as well.
+    gpu_instance: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The object `gpusv classify-kernel-log --json` prints for one line."""
-        return {
+        out: dict[str, Any] = {
             "line": self.line,
             "vendor": self.vendor,
             "class": self.fault_class.value,
             "pci_bus_id": self.pci_bus_id,
             "xid": self.xid,
         }
+        if self.gpu_instance is not None:
+            out["gpu_instance"] = self.gpu_instance
+        return out
 
 
 # Applied repeatedly at the start of a line until none matches, so that stacked prefixes
@@ -82,6 +88,7 @@ _FULL_BDF = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7])
 _LEGACY_BUS = re.compile(r"([0-9a-f]{4}):([0-9a-f]{2})", re.I)  # old `Xid (0003:00)`
 _GPU_ID = re.compile(r"\[?\s*GPU ID\s+0x([0-9a-f]{1,8})\s*\]?", re.I)  # nvidia-drm
 _MIG_SUFFIX = re.compile(r"\s+GPU-I:\s*\w+$", re.I)
+_MIG_INSTANCE = re.compile(r"\bXid\s*\([^)]*\bGPU-I:\s*(\d+)\)", re.I)
 
 
 def normalize_bus_id(text: str) -> str | None:
@@ -134,7 +141,8 @@ def _find_bus_id(message: str) -> str | None:
 
 _NVRM = re.compile(r"\bNVRM\b")
 _AMD = re.compile(r"amdgpu|\bkfd\b|\bradeon\b|\[(?:gfx|mm)hub\d*\]|UTCL2|VRAM is lost", re.I)
-_NVIDIA = re.compile(r"nvidia", re.I)
+# GSP firmware reports that the driver prints without its NVRM prefix.
+_NVIDIA = re.compile(r"nvidia|\bGSP task (?:watchdog|panic|exception)|GSP-CrashCat", re.I)
 # Plain "[drm]" lines that only the AMD driver prints.
 _AMD_DRM = re.compile(
     r"^\[drm\].*(?:\b(?:PSP|SMU|VCN|UVD|VCE|SDMA|KIQ|MES|DMUB|DCN|GART|IBs|JPEG|PTB)\b"
@@ -169,9 +177,25 @@ def classify(line: str, *, previous: Classification | None = None) -> Classifica
     xid: int | None = None
     if vendor == "nvidia":
         verdict, xid = nvidia.classify(message)
+        if verdict == "benign" and nvidia.CONTINUATION.match(message):
+            verdict = _nvidia_context(previous) or verdict
     else:
         verdict = amd.classify(message, context=_amd_context(previous, bus_id))
-    return Classification(line, vendor, FaultClass(verdict), bus_id, xid)
+    instance = _MIG_INSTANCE.search(message) if xid is not None else None
+    gpu_instance = int(instance.group(1)) if instance else None
+    return Classification(line, vendor, FaultClass(verdict), bus_id, xid, gpu_instance)
+
+
+def _nvidia_context(previous: Classification | None) -> nvidia.Verdict | None:
+    """An indented NVRM line continues the report before it (a GSP crash dump, the RPC
+    history of a timeout) and takes its class."""
+    if previous is None or previous.vendor != "nvidia":
+        return None
+    if previous.fault_class is FaultClass.GPU_HANG:
+        return nvidia.HANG
+    if previous.fault_class is FaultClass.GPU_LOST:
+        return nvidia.LOST
+    return None
 
 
 def _amd_context(previous: Classification | None, bus_id: str | None) -> amd.Verdict | None:

@@ -276,6 +276,12 @@ _LOST = re.compile(
             r"The NVIDIA GPU [0-9a-f]{4,8}:",
             r"installed in this system (?:has\s*$|is\b)",
             r"requires use of the NVIDIA open kernel modules",
+            # GSP RPCs that fail with NV_ERR_GPU_IS_LOST (0xf): the card is gone.
+            r"status[ =:]*0x0*f\b",
+            # The follow-ons of a failed boot (RmInitAdapter): the FSP/GSP never came up.
+            r"kfspSendBootCommands|FSP command queue|kfspPollForQueueEmpty",
+            r"Cannot initialize GSP|GSP (?:firmware )?(?:init|boot)\w* failed",
+            r"API_GPU_ATTACHED_SANITY_CHECK failed",  # follows Xid 79: nothing is attached
         )
     ),
     re.I | re.M,
@@ -290,6 +296,19 @@ _HANG = re.compile(
             r"_kgspLogXid119|\bGSP Timeout\b",
             r"GSP(?:-RM)? (?:has )?crashed",
             r"GPU crash dump has been created",
+            # GSP firmware: heartbeat lost, crash reports, task watchdog, RPC timeouts.
+            r"heartbeat timed out|_kgspIsHeartbeatTimedOut",
+            r"GSP-CrashCat Report|LibOS Task Watchdog Report",
+            r"GSP task (?:watchdog timeout|panic|exception)",
+            r"rpcRecvPoll timed ?out|RPC event history|RPC history \(CPU",
+            r"NV_ERR_TIMEOUT|NVRM_RPC: .* failed with error 0x65\b",
+            r"NV_ERR_RESET_REQUIRED",
+            # A membar that never completes: the memory subsystem is stuck.
+            r"kbusSendSysmembar\w*: .*timeout|Memory Subsystem Error",
+            r"checking for memory subsystem error",
+            # The diagnostics RM prints around a GSP timeout: falcon core dumps, RM's own
+            # thread timeouts.
+            r"kflcnCoreDump|_threadNodeCheckTimeout",
         )
     ),
     re.I,
@@ -327,11 +346,19 @@ def _recovery_action(detail: str) -> Verdict:
     return _RECOVERY_ACTIONS.get(int(m.group(1), 16), HANG)
 
 
+_RC_ALL = re.compile(r"RC all channels for critical error (\d+)", re.I)
+# The indented lines of a multi-line NVRM report (a GSP crash dump, an RPC history table).
+CONTINUATION = re.compile(r"^NVRM:\s{2,}\S")
+
+
 def classify(message: str) -> tuple[Verdict, int | None]:
     """The verdict for an NVIDIA message (prefix already stripped) and its Xid, if any."""
     xid = match_xid(message)
     if xid is not None:
         return classify_xid(xid[1], xid[2]), xid[1]
+    rc_all = _RC_ALL.search(message)
+    if rc_all is not None:  # the driver tore every channel down for that Xid: its verdict
+        return classify_xid(int(rc_all.group(1)), ""), None
     if _LOST.search(message):
         return LOST, None
     if _HANG.search(message):

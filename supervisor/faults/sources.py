@@ -9,37 +9,53 @@ The record parsers are pure and tested on their own.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
 
 import anyio
 import structlog
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from supervisor.faults.filefollow import FileFollower, file_lines
+from supervisor.faults.records import (
+    KernelLine,
+    KmsgRecord,
+    Resume,
+    boot_to_wall,
+    journal_entry,
+    kmsg_line,
+    parse_journal_entry,
+    parse_kmsg,
+)
+
+__all__ = [
+    "FileFollower",
+    "KernelLine",
+    "KmsgRecord",
+    "Resume",
+    "boot_to_wall",
+    "follow",
+    "open_source",
+    "parse_journal_entry",
+    "parse_kmsg",
+    "parse_spec",
+]
+
 log = structlog.get_logger(__name__)
 
 KMSG_PATH = "/dev/kmsg"
-# -n 0: only what arrives from now on; --all: long fields (NVIDIA dumps) are not nulled.
+# -n 0: only what arrives from now on (at first start; a restart goes on after the last
+# entry read, by its cursor); --all: long fields (NVIDIA dumps) are not nulled.
 JOURNAL_ARGV = ("journalctl", "-k", "-f", "-o", "json", "-n", "0", "--all")
-FILE_POLL_S = 0.2
 _MAX_JOURNAL_LINE = 1 << 20
 
 KINDS = ("auto", "journal", "kmsg", "off")
-
-
-@dataclass(frozen=True)
-class KernelLine:
-    text: str
-    at: float  # wall-clock epoch seconds: the message's own stamp where known, else read time
 
 
 class SourceDied(RuntimeError):
@@ -63,164 +79,19 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     raise ValueError(f"kernel_log {spec!r} is not one of: auto, journal, kmsg, off, file:PATH")
 
 
-# --- pure record parsers -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KmsgRecord:
-    priority: int  # syslog level, with the facility in the high bits, as the kernel gives it
-    seq: int
-    usec: int  # CLOCK_MONOTONIC microseconds since boot
-    flags: str
-    text: str
-    fields: dict[str, str] = field(default_factory=dict)  # SUBSYSTEM=, DEVICE=, ...
-
-
-_KMSG_HEADER = re.compile(rb"^(\d+),(\d+),(\d+),([^;,]*)[^;]*;(.*)$", re.S)
-_KMSG_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
-
-
-def _unescape(raw: bytes) -> str:
-    # /dev/kmsg prints control bytes (newlines, and "\" itself) as \xNN.
-    data = _KMSG_ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
-    return data.decode("utf-8", "replace")
-
-
-def parse_kmsg(data: bytes) -> list[KmsgRecord]:
-    """The records in `data`: `prio,seq,usec,flags[,...];text` lines, each followed by
-    ` KEY=value` continuation lines. Lines that fit neither are skipped."""
-    records: list[KmsgRecord] = []
-    current: KmsgRecord | None = None
-    for raw in data.split(b"\n"):
-        if raw.startswith(b" "):
-            key, sep, value = raw[1:].partition(b"=")
-            if current is not None and sep:
-                current.fields[_unescape(key)] = _unescape(value)
-            continue
-        m = _KMSG_HEADER.match(raw)
-        if m is None:
-            current = None
-            continue
-        priority, seq, usec, flags, text = m.groups()
-        current = KmsgRecord(
-            int(priority), int(seq), int(usec), flags.decode("ascii", "replace"), _unescape(text)
-        )
-        records.append(current)
-    return records
-
-
-def boot_to_wall(usec: int, now_wall: float, now_mono: float) -> float:
-    """Wall-clock time of a kmsg stamp, given the wall and monotonic clocks read together."""
-    return now_wall - max(0.0, now_mono - usec / 1e6)
-
-
-def parse_journal_entry(raw: bytes | str) -> KernelLine | None:
-    """A `journalctl -o json` line as a KernelLine; None for anything that is not an entry."""
-    try:
-        entry: Any = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(entry, dict):
-        return None
-    message = entry.get("MESSAGE")
-    if isinstance(message, list):  # non-UTF-8 or binary: an array of byte values
-        try:
-            message = bytes(message).decode("utf-8", "replace")
-        except (TypeError, ValueError):
-            return None
-    if not isinstance(message, str):
-        return None
-    try:
-        at = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
-    except (KeyError, TypeError, ValueError):
-        at = time.time()
-    return KernelLine(message, at)
-
-
-# --- file ------------------------------------------------------------------------------------
-
-
-class FileFollower:
-    """`tail -F` by polling: starts at the end of an existing file, reads a file that appears
-    later from its start, rereads a truncated file, and switches to a rotated-in file."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file: BinaryIO | None = None
-        self._ident: tuple[int, int] = (0, 0)
-        self._partial = b""
-        self._at_start = True  # only a file present at start is skipped to its end
-
-    def poll(self) -> list[str]:
-        """Complete lines that arrived since the last call."""
-        if self._file is None and not self._open():
-            return []
-        lines = self._read()
-        if self._replaced():
-            if self._partial:
-                lines.append(self._partial.decode("utf-8", "replace"))
-            self.close()
-            if self._open():
-                lines += self._read()
-        return [line for line in lines if line.strip()]
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = None
-        self._partial = b""
-
-    def _open(self) -> bool:
-        try:
-            f = open(self.path, "rb")  # noqa: SIM115 - kept open across polls
-        except FileNotFoundError:
-            self._at_start = False
-            return False
-        if self._at_start:
-            f.seek(0, os.SEEK_END)
-        self._at_start = False
-        st = os.fstat(f.fileno())
-        self._file, self._ident = f, (st.st_dev, st.st_ino)
-        return True
-
-    def _read(self) -> list[str]:
-        assert self._file is not None
-        if os.fstat(self._file.fileno()).st_size < self._file.tell():  # truncated
-            self._file.seek(0)
-            self._partial = b""
-        data = self._file.read()
-        if not data:
-            return []
-        *complete, self._partial = (self._partial + data).split(b"\n")
-        return [c.rstrip(b"\r").decode("utf-8", "replace") for c in complete]
-
-    def _replaced(self) -> bool:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return False  # gone for now: keep the old handle until a new file appears
-        return (st.st_dev, st.st_ino) != self._ident
-
-
-async def file_lines(path: str, *, poll_s: float = FILE_POLL_S) -> AsyncGenerator[KernelLine, None]:
-    follower = FileFollower(path)
-    try:
-        while True:
-            for text in follower.poll():
-                yield KernelLine(text, time.time())
-            await anyio.sleep(poll_s)
-    finally:
-        follower.close()
-
-
 # --- /dev/kmsg -------------------------------------------------------------------------------
 
 
-async def kmsg_lines(path: str = KMSG_PATH) -> AsyncGenerator[KernelLine, None]:
+async def kmsg_lines(
+    path: str = KMSG_PATH, *, resume: Resume | None = None
+) -> AsyncGenerator[KernelLine, None]:
+    """/dev/kmsg from now on; after a restart (`resume` holds a sequence number), from the
+    oldest record the ring still holds, skipping those already read."""
+    resume = resume if resume is not None else Resume()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        with contextlib.suppress(OSError):  # a FIFO cannot seek; /dev/kmsg skips the backlog
-            os.lseek(fd, 0, os.SEEK_END)
+        if resume.kmsg_seq is None:
+            _skip_backlog(fd, resume)
         pending = b""
         while True:
             try:
@@ -235,18 +106,70 @@ async def kmsg_lines(path: str = KMSG_PATH) -> AsyncGenerator[KernelLine, None]:
             *complete, pending = (pending + data).split(b"\n")
             now_wall, now_mono = time.time(), time.monotonic()
             for record in parse_kmsg(b"\n".join(complete)):
-                yield KernelLine(record.text, boot_to_wall(record.usec, now_wall, now_mono))
+                if _seen(record, resume):
+                    continue
+                yield kmsg_line(record, now_wall, now_mono)
     finally:
         os.close(fd)
+
+
+def _skip_backlog(fd: int, resume: Resume) -> None:
+    """Past what the kernel logged before we started. On the device, by reading it through
+    (one record per read), so that the last sequence number is known even if the source
+    dies before a new record comes: a restart then loses nothing logged in between."""
+    if not stat.S_ISCHR(os.fstat(fd).st_mode):
+        with contextlib.suppress(OSError):  # a FIFO cannot seek
+            os.lseek(fd, 0, os.SEEK_END)
+        return
+    while True:
+        try:
+            data = os.read(fd, 16384)
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            continue
+        if not data:
+            return
+        for record in parse_kmsg(data):
+            resume.kmsg_seq = record.seq
+
+
+def _seen(record: KmsgRecord, resume: Resume) -> bool:
+    last = resume.kmsg_seq
+    if last is not None and record.seq <= last:
+        return True
+    if last is not None and record.seq > last + 1:
+        resume.skipped += record.seq - last - 1
+        log.warning(
+            "kernel ring overwrote records before they were read", lost=record.seq - last - 1
+        )
+    resume.kmsg_seq = record.seq
+    return False
 
 
 # --- journal ---------------------------------------------------------------------------------
 
 
-async def journal_lines(argv: Sequence[str] = JOURNAL_ARGV) -> AsyncGenerator[KernelLine, None]:
+def journal_argv(argv: Sequence[str], cursor: str | None) -> list[str]:
+    """`argv`, going on after `cursor` instead of from now when there is one."""
+    out = list(argv)
+    if cursor is None:
+        return out
+    if "-n" in out:
+        at = out.index("-n")
+        del out[at : at + 2]
+    return [*out, f"--after-cursor={cursor}"]
+
+
+async def journal_lines(
+    argv: Sequence[str] = JOURNAL_ARGV, *, resume: Resume | None = None
+) -> AsyncGenerator[KernelLine, None]:
+    resume = resume if resume is not None else Resume()
     # stderr joins stdout: its lines are not JSON, and the last one explains an exit.
     process = await anyio.open_process(
-        list(argv), stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        journal_argv(argv, resume.journal_cursor),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     try:
         assert process.stdout is not None
@@ -257,11 +180,13 @@ async def journal_lines(argv: Sequence[str] = JOURNAL_ARGV) -> AsyncGenerator[Ke
                 raw = await stream.receive_until(b"\n", _MAX_JOURNAL_LINE)
             except (anyio.IncompleteRead, anyio.EndOfStream):
                 break
-            entry = parse_journal_entry(raw)
+            entry = journal_entry(raw)
             if entry is None:
                 noise = raw.decode("utf-8", "replace").strip()[:300] or noise
                 continue
-            yield entry
+            line, cursor = entry
+            resume.journal_cursor = cursor or resume.journal_cursor
+            yield line
         status = await process.wait()
         raise SourceDied(f"{argv[0]} exited with status {status}" + (f": {noise}" if noise else ""))
     finally:
@@ -316,19 +241,22 @@ async def _journal_has_kernel_messages() -> bool:
     return False
 
 
-async def open_source(kind: str, arg: str | None) -> AsyncGenerator[KernelLine, None]:
-    """The source a parsed spec names; `auto` is resolved each time it is opened."""
+async def open_source(
+    kind: str, arg: str | None, resume: Resume | None = None
+) -> AsyncGenerator[KernelLine, None]:
+    """The source a parsed spec names; `auto` is resolved each time it is opened. A source
+    opened again with the same `resume` goes on where the last one stopped."""
     if kind == "auto":
         kind = await resolve_auto()
         log.info("kernel-log source chosen", source=kind)
     lines: AsyncGenerator[KernelLine, None]
     if kind == "journal":
-        lines = journal_lines()
+        lines = journal_lines(resume=resume)
     elif kind == "kmsg":
-        lines = kmsg_lines()
+        lines = kmsg_lines(resume=resume)
     elif kind == "file":
         assert arg is not None
-        lines = file_lines(arg)
+        lines = file_lines(arg, resume=resume)
     else:
         lines = off_lines()
     async with aclosing(lines):
@@ -348,9 +276,12 @@ async def follow(
 
     Each death is passed to `on_restart(spec, error)` before the backoff sleep (0.5 s
     doubling to 30 s; back to 0.5 s after a source lived 30 s). Without a hook it is logged.
+    A restarted source goes on after the last line read: none is lost or read twice, as far
+    as the kernel kept them (journal cursor, kmsg sequence number, file offset).
     """
     kind, arg = parse_spec(spec)
-    make = factory or open_source
+    resume = Resume()  # one for the life of follow(): every restart goes on from it
+    make = factory or (lambda k, a: open_source(k, a, resume))
     delay: float | None = None
     while True:
         started = time.monotonic()

@@ -21,11 +21,13 @@ from supervisor.gpus.base import (
     GpuError,
     GpuInfo,
     GpuLost,
+    GpuResetting,
     bus_id_key,
     bytes_to_mb,
     normalize_bus_id,
     reading,
 )
+from supervisor.gpus.probing import DEFAULT_DEADLINE_S, Pending, Prober
 from supervisor.gpus.visibility import visibility_env
 
 AMD_VENDOR_ID = 0x1002
@@ -42,13 +44,17 @@ class AmdCard:
     pci_bus_id: str
     name: str
     has_busy_percent: bool
+    uuid: str  # "GPU-" + amdgpu's unique_id, the form ROCR_VISIBLE_DEVICES takes; "" if none
 
 
 class AmdBackend:
     """Cards numbered by PCI bus id, which is also their ROCR_VISIBLE_DEVICES order."""
 
-    def __init__(self, sysfs: Path = Path("/sys")) -> None:
+    def __init__(
+        self, sysfs: Path = Path("/sys"), *, probe_deadline_s: float = DEFAULT_DEADLINE_S
+    ) -> None:
         self._sysfs = Path(sysfs)
+        self._prober = Prober(probe_deadline_s)
         self._lock = threading.Lock()
         self._cards: list[AmdCard] | None = None
         self._driver_version = ""
@@ -57,21 +63,25 @@ class AmdBackend:
         return len(self._scanned())
 
     def discover(self) -> list[GpuInfo]:
+        scanned = self._scanned()
         cards = []
-        for i, card in enumerate(self._scanned()):
-            try:
-                cards.append(self.query(i))
-            except GpuError as e:
-                log.warning("amd_gpu_unreadable", pci_bus_id=card.pci_bus_id, error=str(e))
-                cards.append(self._info(i, card, total=0, used=0, busy=0.0, lost=True))
+        for i, result in enumerate(self._prober.each(len(scanned), self.query)):
+            if isinstance(result, GpuInfo):
+                cards.append(result)
+                continue
+            why = f"blocked past {result.deadline_s:g} s" if isinstance(result, Pending) else result
+            log.warning("amd_gpu_unreadable", pci_bus_id=scanned[i].pci_bus_id, error=str(why))
+            cards.append(self._info(i, scanned[i], total=0, used=0, busy=None, lost=True))
         return cards
 
     def query(self, index: int) -> GpuInfo:
         card = self._card(index)
+        self._prober.check(index, f"AMD GPU {card.pci_bus_id}")
         dev = card.device_dir
         total = bytes_to_mb(_read_int(dev / "mem_info_vram_total", card))
         used = bytes_to_mb(_read_int(dev / "mem_info_vram_used", card))
-        busy = float(_read_int(dev / "gpu_busy_percent", card)) if card.has_busy_percent else 0.0
+        # Without gpu_busy_percent the load is unknown, which is not the same as idle.
+        busy = float(_read_int(dev / "gpu_busy_percent", card)) if card.has_busy_percent else None
         return self._info(index, card, total=total, used=used, busy=busy, lost=False)
 
     def process_vram_mb(self, index: int) -> dict[int, int]:
@@ -98,7 +108,7 @@ class AmdBackend:
             return self._cards
 
     def _info(
-        self, index: int, card: AmdCard, *, total: int, used: int, busy: float, lost: bool
+        self, index: int, card: AmdCard, *, total: int, used: int, busy: float | None, lost: bool
     ) -> GpuInfo:
         return reading(
             index,
@@ -110,6 +120,7 @@ class AmdBackend:
             used=used,
             util=busy,
             lost=lost,
+            uuid=card.uuid,
         )
 
 
@@ -144,7 +155,18 @@ def _read_card(dev: Path) -> AmdCard | None:
         pci_bus_id=bus_id,
         name=_name(dev),
         has_busy_percent=(dev / "gpu_busy_percent").exists(),
+        uuid=_uuid(dev),
     )
+
+
+def _uuid(dev: Path) -> str:
+    """amdgpu's unique_id (a 16-digit hex serial, on Vega and later) as ROCm spells it."""
+    try:
+        unique = _text(dev / "unique_id")
+    except OSError:
+        return ""
+    unique = unique.lower().removeprefix("0x")
+    return f"GPU-{unique}" if unique and set(unique) <= set("0123456789abcdef") else ""
 
 
 def _bus_id(dev: Path) -> str:
@@ -190,9 +212,13 @@ def _read_int(path: Path, card: AmdCard) -> int:
     try:
         text = _text(path)
     except OSError as e:
-        # ENODEV/ENOENT: the device went away; EIO/EPERM: amdgpu refuses while it resets.
         reason = errno.errorcode.get(e.errno or 0, str(e))
-        raise GpuLost(f"AMD GPU {card.pci_bus_id}: {path.name}: {reason}") from e
+        what = f"AMD GPU {card.pci_bus_id}: {path.name}: {reason}"
+        # amdgpu answers EPERM (and EBUSY) to every sysfs read while it resets the card;
+        # the card comes back by itself. ENODEV/ENOENT/EIO: the device went away.
+        if e.errno in (errno.EPERM, errno.EBUSY):
+            raise GpuResetting(f"{what} (the driver is resetting the card)") from e
+        raise GpuLost(what) from e
     try:
         return int(text)
     except ValueError as e:

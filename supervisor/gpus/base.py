@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 
 Vendor = Literal["nvidia", "amd", "simulated"]
 Health = Literal["ok", "lost"]
+UNKNOWN_BUS_ID = ""  # a card that failed before it could say where it sits
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,11 @@ class GpuInfo:
     pci_bus_id: str  # normalized "0000:01:00.0", lower-case
     vram_total_mb: int
     vram_used_mb: int
-    utilization_pct: float
+    utilization_pct: float | None  # None: the card cannot tell (MIG, no busy counter)
     driver_version: str
     health: Health
+    uuid: str = ""  # "GPU-…" (NVIDIA, AMD), "" while unknown
+    mig: bool = False  # the card is split into MIG instances: gpusv does not place jobs on it
 
 
 def reading(
@@ -36,8 +39,10 @@ def reading(
     *,
     total: int,
     used: int,
-    util: float,
+    util: float | None,
     lost: bool,
+    uuid: str = "",
+    mig: bool = False,
 ) -> GpuInfo:
     """A card's reading with the backend's raw figures clamped to what can be true."""
     return GpuInfo(
@@ -48,9 +53,11 @@ def reading(
         pci_bus_id=pci_bus_id,
         vram_total_mb=total,
         vram_used_mb=min(used, total),
-        utilization_pct=min(max(util, 0.0), 100.0),
+        utilization_pct=None if util is None else min(max(util, 0.0), 100.0),
         driver_version=driver_version,
         health="lost" if lost else "ok",
+        uuid=uuid,
+        mig=mig,
     )
 
 
@@ -60,6 +67,10 @@ class GpuError(Exception):
 
 class GpuLost(GpuError):
     """The card fell off the bus or is otherwise unusable right now."""
+
+
+class GpuResetting(GpuError):
+    """The driver refuses to answer while it resets the card: neither ok nor lost."""
 
 
 class GpuBackend(Protocol):
@@ -77,6 +88,10 @@ class GpuBackend(Protocol):
 
     def visibility_env(self, cards: Sequence[GpuInfo]) -> dict[str, str]:
         """The variables to set for a job assigned exactly these cards."""
+        ...
+
+    def card_count(self) -> int:
+        """How many cards the backend manages, lost ones included."""
         ...
 
     def close(self) -> None: ...
@@ -103,9 +118,20 @@ def normalize_bus_id(raw: str) -> str:
 
 def bus_id_key(bus_id: str) -> tuple[int, int, int, int]:
     """Sort key for normalized bus ids (a string sort breaks on domains wider than 4 digits)."""
+    if bus_id == UNKNOWN_BUS_ID:
+        return (-1, -1, -1, -1)
     domain, bus, rest = bus_id.split(":")
     dev, fn = rest.split(".")
     return int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+
+
+def dcgm_bus_id(bus_id: str) -> str:
+    """The bus id as NVML and dcgm-exporter label it: an 8-digit domain, upper-case hex."""
+    try:
+        domain, rest = normalize_bus_id(bus_id).split(":", 1)
+    except ValueError:
+        return bus_id  # "" (unknown) or a spelling we cannot read: as it is
+    return f"{int(domain, 16):08X}:{rest.upper()}"
 
 
 def bytes_to_mb(n: int) -> int:

@@ -6,7 +6,14 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from supervisor.gpus.base import GpuBackend, GpuError, GpuInfo, Vendor, bus_id_key
+from supervisor.gpus.base import (
+    UNKNOWN_BUS_ID,
+    GpuBackend,
+    GpuError,
+    GpuInfo,
+    Vendor,
+    bus_id_key,
+)
 from supervisor.gpus.visibility import visibility_env
 
 
@@ -25,9 +32,25 @@ class CompositeBackend:
         self._routes: list[_Route] | None = None
         self._vendors: frozenset[Vendor] = frozenset()
 
+    @property
+    def backends(self) -> list[GpuBackend]:
+        return list(self._backends)
+
+    def card_count(self) -> int:
+        return sum(b.card_count() for b in self._backends)
+
     def discover(self) -> list[GpuInfo]:
-        found = [(info, b) for b in self._backends for info in b.discover()]
-        found.sort(key=lambda pair: bus_id_key(pair[0].pci_bus_id))
+        keyed: list[tuple[tuple[int, int, int, int], int, GpuInfo, GpuBackend]] = []
+        for b in self._backends:
+            # A card whose bus id is unknown (lost before it said) sorts right after the
+            # card before it in its own backend, so that its vendor's numbering holds.
+            key = bus_id_key(UNKNOWN_BUS_ID)
+            for info in b.discover():
+                if info.pci_bus_id != UNKNOWN_BUS_ID:
+                    key = bus_id_key(info.pci_bus_id)
+                keyed.append((key, len(keyed), info, b))
+        keyed.sort(key=lambda entry: (entry[0], entry[1]))
+        found = [(info, b) for _, _, info, b in keyed]
         with self._lock:
             self._routes = [_Route(b, info.index) for info, b in found]
             self._vendors = frozenset(info.vendor for info, _ in found)

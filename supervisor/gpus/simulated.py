@@ -4,7 +4,9 @@ Card i has PCI bus id `0000:{i+1:02x}:00.0` and a control file
 `STATE_DIR/simulated-gpus/{i}.json`, re-read on every query:
 `{"utilization_pct": 0, "vram_used_mb": 0, "lost": false, "wedged": false}`.
 `lost` makes queries raise GpuLost as NVML does for a card off the bus; `wedged` makes
-them block until it is cleared, as NVML does on a hung card.
+them block until it is cleared, as NVML does on a hung card (at start too: the card then
+starts lost after the probe deadline). `utilization_pct: null` is a card that cannot
+report its load, as a MIG-mode NVIDIA card or an AMD card without gpu_busy_percent.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.gpus.base import GpuError, GpuInfo, GpuLost
+from supervisor.gpus.probing import DEFAULT_DEADLINE_S, Pending, Prober
 from supervisor.gpus.visibility import visibility_env
 
 NAME = "Simulated GPU"
@@ -70,7 +73,7 @@ def parse_spec(spec: str) -> SimulatedSpec:
 class Control:
     """The settings of one simulated card, as its control file states them."""
 
-    utilization_pct: float = 0.0
+    utilization_pct: float | None = 0.0
     vram_used_mb: float = 0.0
     lost: bool = False
     wedged: bool = False
@@ -91,6 +94,8 @@ def parse_control(raw: str | bytes) -> Control:
 def _control_from(data: dict[str, Any]) -> Control:
     for key in _NUMBERS:
         value = data.get(key, 0)
+        if value is None and key == "utilization_pct":
+            continue
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
         if not is_number or not math.isfinite(value):
             raise ValueError(f"{key} must be a number, not {value!r}")
@@ -129,11 +134,18 @@ def simulated_bus_id(index: int) -> str:
     return f"0000:{index + 1:02x}:00.0"
 
 
+def simulated_uuid(index: int) -> str:
+    return f"GPU-5eed0000-0000-4000-8000-{index:012x}"
+
+
 class SimulatedBackend:
     """N cards of the same size; each query reads that card's control file afresh."""
 
-    def __init__(self, spec: SimulatedSpec, state_dir: Path) -> None:
+    def __init__(
+        self, spec: SimulatedSpec, state_dir: Path, *, probe_deadline_s: float = DEFAULT_DEADLINE_S
+    ) -> None:
         self._spec = spec
+        self._prober = Prober(probe_deadline_s)
         self._state_dir = Path(state_dir)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -144,16 +156,24 @@ class SimulatedBackend:
                 write_control(self._state_dir, i)
             self._read(i)
 
+    def card_count(self) -> int:
+        return self._spec.count
+
     def discover(self) -> list[GpuInfo]:
-        # Unlike query, discovery never waits on a wedged card: the daemon must start.
         cards = []
-        for i in range(self._spec.count):
-            control = self._read(i)
-            cards.append(self._info(i, control, lost=control.lost))
+        for i, result in enumerate(self._prober.each(self._spec.count, self.query)):
+            if not isinstance(result, GpuInfo):
+                if isinstance(result, Pending):
+                    result = GpuLost(f"simulated GPU {i} blocked past {result.deadline_s:g} s")
+                if not isinstance(result, GpuLost):
+                    raise result
+                result = self._info(i, Control(), lost=True)
+            cards.append(result)
         return cards
 
     def query(self, index: int) -> GpuInfo:
         self._check(index)
+        self._prober.check(index, f"simulated GPU {index}")
         while True:
             control = self._read(index)
             if not control.wedged:
@@ -192,7 +212,8 @@ class SimulatedBackend:
     def _info(self, index: int, control: Control, *, lost: bool) -> GpuInfo:
         total = self._spec.vram_mb
         used = 0 if lost else min(max(int(control.vram_used_mb), 0), total)
-        util = 0.0 if lost else min(max(float(control.utilization_pct), 0.0), 100.0)
+        raw = control.utilization_pct
+        util = None if lost or raw is None else min(max(float(raw), 0.0), 100.0)
         return GpuInfo(
             index=index,
             vendor="simulated",
@@ -204,4 +225,5 @@ class SimulatedBackend:
             utilization_pct=util,
             driver_version=DRIVER_VERSION,
             health="lost" if lost else "ok",
+            uuid=simulated_uuid(index),
         )

@@ -15,8 +15,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
 
 from supervisor.gpus.base import GpuInfo, Vendor
+
+VisibleBy = Literal["index", "uuid"]
+UUIDS_VARIABLE = "GPUSV_GPU_UUIDS"
 
 CUDA_FAMILY: frozenset[Vendor] = frozenset({"nvidia", "simulated"})
 
@@ -50,6 +54,27 @@ def visibility_env(cards: Sequence[GpuInfo], box_vendors: Collection[Vendor]) ->
     if box_has_amd:
         env["ROCR_VISIBLE_DEVICES"] = _join(rocr)
     return env
+
+
+def identify(
+    env: Mapping[str, str], cards: Sequence[GpuInfo], by: VisibleBy = "index"
+) -> dict[str, str]:
+    """`env` (from visibility_env) with the cards' UUIDs added and, with `by="uuid"`, used
+    in place of the indices: a UUID names one card whatever CUDA or ROCr can enumerate.
+    A card whose UUID is unknown keeps the whole list in indices (the two cannot mix)."""
+    out = dict(env)
+    uuids = [c.uuid for c in sorted(cards, key=lambda c: c.vendor_index)]
+    out[UUIDS_VARIABLE] = ",".join(u for u in uuids if u)
+    if by == "uuid" and cards and all(uuids):
+        cuda = [
+            c.uuid for c in sorted(cards, key=lambda c: c.vendor_index) if c.vendor in CUDA_FAMILY
+        ]
+        rocr = [c.uuid for c in sorted(cards, key=lambda c: c.vendor_index) if c.vendor == "amd"]
+        if cuda:
+            out["CUDA_VISIBLE_DEVICES"] = ",".join(cuda)
+        if rocr:
+            out["ROCR_VISIBLE_DEVICES"] = ",".join(rocr)
+    return out
 
 
 def apply_visibility(env: Mapping[str, str], visibility: Mapping[str, str]) -> dict[str, str]:

@@ -115,6 +115,7 @@ class SubmitOptions:
     dry_run: bool = False
     time_limit_s: float | None = None
     run: bool = False  # tied to the connection: cancelled when it goes away
+    stall_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         dry_run=f.bool_("dry_run"),
         time_limit_s=f.float_("time_limit_s", 1e-3, MAX_DURATION_S),
         run=f.bool_("run"),
+        stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
     )
 
 

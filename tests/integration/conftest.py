@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from supervisor.client.cli import Client, Unreachable
+from supervisor.gpus.allocation import ALLOCATION_VARIABLES
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,8 @@ class Daemon:
         self.log = root / "daemon.log"
         self.gpus = gpus
         self.env = {
-            **os.environ,
+            # A visibility variable of the test runner's own would restrict the cards.
+            **{k: v for k, v in os.environ.items() if k not in ALLOCATION_VARIABLES},
             "PYTHONUNBUFFERED": "1",
             "GPUSV_TEST_ROOT": str(root),
             **env,

@@ -170,8 +170,14 @@ def test_a_line_after_the_exit_reclassifies_a_queued_retry(
     assert first["attempts"][0]["reason"] == "exit_nonzero"
     assert first["retries"]["ordinary"]["used"] == 1
     d.append_kernel(XID_109_CARD0)
+    # The attempt (read from the store) and the job's budgets (held in memory) change one
+    # after the other: wait for both.
     fixed = d.wait_for(
-        lambda: (j := d.show(job))["attempts"][0]["reason"] == "gpu_hang" and j,
+        lambda: (
+            (j := d.show(job))["attempts"][0]["reason"] == "gpu_hang"
+            and j["retries"]["gpu_hang"]["used"] == 1
+            and j
+        ),
         what="the attempt reclassified",
     )
     assert fixed["retries"]["ordinary"]["used"] == 0

@@ -28,6 +28,8 @@ from supervisor.core.jobs import JobSpec, JobState, transition
 from supervisor.daemon.config import load
 from supervisor.daemon.scheduler import Scheduler
 from supervisor.daemon.store import Store
+from supervisor.gpus.base import dcgm_bus_id
+from supervisor.gpus.simulated import simulated_uuid
 
 from .conftest import Daemon
 
@@ -113,7 +115,7 @@ on_gpu_hang = {json.dumps([PY, "-c", WRITE_STDIN, str(hang_hook)])}
     hung = d.submit("sleep", "60", gpus=1, gpu_hang_retries=0)
     card = d.wait_state(hung, "running")["gpus"][0]
     gpu = next(g for g in d.call({"type": "gpus"})["gpus"] if g["index"] == card)
-    labels = {"gpu": str(card), "pci_bus_id": gpu["pci_bus_id"]}
+    labels = {"gpu": str(card), "UUID": gpu["uuid"], "pci_bus_id": dcgm_bus_id(gpu["pci_bus_id"])}
     d.wait_for(
         lambda: metric(scrape(port), "gpusv_gpu_running_jobs", **labels) == 1,
         what="the hung job on its card",
@@ -232,7 +234,8 @@ def test_health_exit_codes_for_a_lost_card_and_a_healthy_box(daemon: Daemon) -> 
     as_json = json.loads(daemon.cli("health", "--json", check=False).stdout)
     assert as_json["ok"] is False and as_json["problems"]
     text = parse(daemon.cli("metrics").stdout)
-    assert metric(text, "gpusv_gpu_healthy", gpu="0", pci_bus_id="0000:01:00.0") == 0
+    card = {"gpu": "0", "UUID": simulated_uuid(0), "pci_bus_id": "00000000:01:00.0"}
+    assert metric(text, "gpusv_gpu_healthy", **card) == 0
     assert metric(text, "gpusv_node_healthy") == 0
     daemon.set_card(0, lost=False)
     daemon.wait_for(lambda: daemon.cli("health", check=False).returncode == 0, what="recovery")
