@@ -1,6 +1,6 @@
-"""Scheduling cost as the queue grows, measured in-process on the real Scheduler.
+"""Scheduling cost as the queue grows, measured in-process on the real engine and dispatch loop.
 
-The daemon's own dispatch code runs here unchanged (Scheduler, admission.plan, Store on
+The daemon's own dispatch code runs here unchanged (Engine, Dispatcher, admission.plan, Store on
 a real SQLite file); only the launch of a process is left out, so that what is timed is
 the pass itself and not a fork. The situation is the one a busy box is in: both cards
 run long jobs, N GPU jobs wait for them, and a `--gpus 0` job arrives that fits a free
@@ -23,11 +23,15 @@ import anyio
 import anyio.abc
 
 from supervisor.core import admission
-from supervisor.core.jobs import Job, JobSpec, JobState, transition
-from supervisor.core.projection import mem_key
-from supervisor.daemon.clock import now_iso
+from supervisor.core.commands import Ended, Submit
+from supervisor.core.jobs import ExitStatus, JobSpec
+from supervisor.core.memkey import mem_key
+from supervisor.core.outcome import Facts
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import load
-from supervisor.daemon.scheduler import Running, Scheduler
+from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store import Store
 
 from .harness import summary
@@ -47,64 +51,65 @@ def _spec(gpus: int, argv: tuple[str, ...] = ("true",)) -> JobSpec:
     )
 
 
-def _scheduler(root: Path, store: Store, tg: anyio.abc.TaskGroup) -> Scheduler:
+def _scheduler(root: Path, store: Store) -> Dispatcher:
+    """The engine and the dispatch loop, with no runner: a claimed job gets no process,
+    since the pass is what is timed."""
     cfg = load(
         None,
         flags={"state_dir": str(root / "state"), "socket": str(root / "unused.sock")},
         env={},
         uid=os.geteuid(),
     )
-    sched = Scheduler(dataclasses.replace(cfg, cpu_slots=2), store)
-    sched.cards = [admission.Card(i, 24_576, 0, True, ()) for i in range(2)]
-    sched.tg = tg
-
-    async def launch(job: Job, r: Running) -> None:  # no process: the pass is what is timed
-        return None
-
-    sched.launch = launch
-    return sched
+    broker = Broker()
+    engine = Engine(store, broker)
+    book = MemoryBook(store, broker, cfg.host_memory.margin)
+    cards = [admission.Card(i, 24_576, 0, True, ()) for i in range(2)]
+    cfg = dataclasses.replace(cfg, cpu_slots=2)
+    return Dispatcher(cfg, engine, book, broker, cards=lambda: cards, rss_mb=lambda _: 0)
 
 
-def _end(sched: Scheduler, job_id: int) -> None:
-    """The started job ends at once, as the attempt runner would record it."""
-    job = sched.jobs[job_id]
-    running = transition(job, JobState.RUNNING, now_iso(), gpus=(), attempts=1)
-    sched.running.pop(job_id, None)
-    sched.put(transition(running, JobState.SUCCEEDED, now_iso(), None, exit_code=0))
+async def _submit(sched: Dispatcher, specs: list[JobSpec]) -> list[int]:
+    return submitted_ids(await sched.engine.do(Submit(tuple(specs))))
 
 
-async def _card_frees(sched: Scheduler, repeats: int) -> list[float]:
+async def _end(sched: Dispatcher, job_id: int) -> None:
+    """The started job ends at once, as the runner would report it."""
+    n = sched.table.live[job_id].attempt.n
+    await sched.engine.do(Ended(job_id, n, Facts(ExitStatus(0, None))))
+
+
+async def _card_frees(sched: Dispatcher, repeats: int) -> list[float]:
     """A GPU job ends and the pass gives its card to the next one in the queue."""
     out = []
     for _ in range(repeats):
-        _end(sched, next(j for j, r in sched.running.items() if r.cards))
+        await _end(sched, next(j for j, r in sched.table.live.items() if r.cards))
         began = time.perf_counter()
         await sched.dispatch_pass()
         out.append(time.perf_counter() - began)
-        assert sum(1 for r in sched.running.values() if r.cards) == 2, "a GPU job should start"
+        assert sum(1 for r in sched.table.live.values() if r.cards) == 2, "a GPU job should start"
     return out
 
 
-async def _fill(sched: Scheduler, queued: int) -> float:
+async def _fill(sched: Dispatcher, queued: int) -> float:
     """Both cards busy, `queued` GPU jobs behind them; returns the first pass's seconds."""
-    await sched.submit([_spec(1, ("sleep", "3600")) for _ in range(2)])
+    await _submit(sched, [_spec(1, ("sleep", "3600")) for _ in range(2)])
     await sched.dispatch_pass()
-    assert len(sched.running) == 2, "both cards should be busy"
+    assert len(sched.table.live) == 2, "both cards should be busy"
     for start in range(0, queued, CHUNK):
-        await sched.submit([_spec(1)] * min(CHUNK, queued - start))
+        await _submit(sched, [_spec(1)] * min(CHUNK, queued - start))
     began = time.perf_counter()
     await sched.dispatch_pass()
     return time.perf_counter() - began
 
 
-async def _round(sched: Scheduler) -> tuple[float, float]:
+async def _round(sched: Dispatcher) -> tuple[float, float]:
     """A CPU job arrives and is dispatched (timed), ends, and a pass finds nothing (timed)."""
-    (job,) = await sched.submit([_spec(0)])
+    (job_id,) = await _submit(sched, [_spec(0)])
     began = time.perf_counter()
     await sched.dispatch_pass()
     dispatch = time.perf_counter() - began
-    assert job.id in sched.running, "the CPU job should have started"
-    _end(sched, job.id)
+    assert job_id in sched.table.live, "the CPU job should have started"
+    await _end(sched, job_id)
     began = time.perf_counter()
     await sched.dispatch_pass()
     return dispatch, time.perf_counter() - began
@@ -118,7 +123,7 @@ async def _measure(root: Path, queues: tuple[int, ...], repeats: int) -> list[di
         async with anyio.create_task_group() as tg:
             for store in stores:
                 await tg.start(store.run_writer)
-            scheds = [_scheduler(root, store, tg) for store in stores]
+            scheds = [_scheduler(root, store) for store in stores]
             firsts = [await _fill(sched, n) for sched, n in zip(scheds, queues, strict=True)]
             times: list[list[tuple[float, float]]] = [[] for _ in queues]
             for _ in range(repeats):

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 
 from supervisor.core.jobs import Job, JobSpec, JobState, transition
-from supervisor.core.projection import mem_key
+from supervisor.core.memkey import mem_key
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.store import Attempt, Event, Store
 

@@ -47,6 +47,10 @@ backend.close()
 EOF
 )
 while read -r status name rest; do say "$status" "$name" "$rest"; done <<<"$out"
+if [[ "$out" != ok\ discover* ]]; then
+    say FAIL cuda-job "skipped: no NVIDIA card to bind a job to"
+    exit 1
+fi
 
 # A job bound to the last card, through a real daemon: what CUDA sees.
 tmp=$(mktemp -d)
@@ -65,7 +69,7 @@ for i in range(n.value):
     bus = ctypes.create_string_buffer(32); cuda.cuDeviceGetPCIBusId(bus, 32, d)
     names.append(f"{buf.value.decode()}@{bus.value.decode().lower()}")
 print(f"CUDA_VISIBLE_DEVICES={os.environ.get(\"CUDA_VISIBLE_DEVICES\")} sees {n.value}: {names}")'
-job=$("$PY" -m supervisor.client.cli --socket "$tmp/sock" submit --gpus 1 --wait -- "$PY" -c "$probe" 2>&1)
+job=$(timeout 120 "$PY" -m supervisor.client.cli --socket "$tmp/sock" submit --gpus 1 --wait -- "$PY" -c "$probe" 2>&1)
 log=$(cat "$tmp/state/logs/"*out* 2>/dev/null | tail -n 1)
 if [[ "$log" == *"sees 1:"* ]]; then say ok cuda-job "$log"; else say FAIL cuda-job "${log:-$job}"; fi
 exit "$failed"

@@ -11,12 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.core import admission
+from supervisor.core.commands import Dispatch, Now
+from supervisor.core.engine import step
 from supervisor.core.jobqueue import JobQueue, used_before
 from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.core.records import Attempt
+from supervisor.core.table import Changes, Live, Phase
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import monotonic
 from supervisor.daemon.config import load
-from supervisor.daemon.scheduler import Running, Scheduler
-from supervisor.daemon.store import Attempt
+from supervisor.daemon.engine import Engine
+from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
 
 HOST = admission.HostMemory(limit_mb=100_000, available_mb=90_000, reserve_mb=1_000)
 
@@ -43,23 +49,30 @@ def job(
     return Job(id=job_id, spec=spec)
 
 
-def scheduler(cards: int, cpu_slots: int, wait_s: float) -> Scheduler:
+def scheduler(cards: int, cpu_slots: int, wait_s: float) -> Dispatcher:
     cfg = load(None, flags={"state_dir": "/nonexistent", "socket": "/nonexistent.sock"}, env={})
     cfg = dataclasses.replace(
         cfg,
         cpu_slots=cpu_slots,
         host_memory=dataclasses.replace(cfg.host_memory, max_backfill_wait_s=wait_s),
     )
-    sched = Scheduler(cfg, store=None)  # type: ignore[arg-type]  # no pass here writes
-    sched.cards = [admission.Card(i, 16_000 + 8_000 * i, 0, True, ()) for i in range(cards)]
+    broker = Broker()
+    engine = Engine(None, broker)  # type: ignore[arg-type]  # passes here step the table only
+    book = MemoryBook(None, broker, 0.0)  # type: ignore[arg-type]
+    all_cards = [admission.Card(i, 16_000 + 8_000 * i, 0, True, ()) for i in range(cards)]
+    sched = Dispatcher(cfg, engine, book, broker, cards=lambda: all_cards, rss_mb=lambda _: 0)
     sched.host = lambda: HOST  # type: ignore[method-assign]
     return sched
 
 
-def full_plan(sched: Scheduler, cards: list[admission.Card], free_cpu: int) -> admission.Plan:
+def enqueue(sched: Dispatcher, j: Job) -> None:
+    sched.table.apply(Changes(jobs={j.id: j}))
+
+
+def full_plan(sched: Dispatcher, cards: list[admission.Card], free_cpu: int) -> admission.Plan:
     """The reference: admission.plan over every queued job, settled or not."""
     queued = sorted(
-        (-j.spec.priority, j.id) for j in sched.jobs.values() if j.state is JobState.QUEUED
+        (-j.spec.priority, j.id) for j in sched.table.jobs.values() if j.state is JobState.QUEUED
     )
     return admission.plan(
         sched._candidates(1e18, queued),
@@ -72,8 +85,8 @@ def full_plan(sched: Scheduler, cards: list[admission.Card], free_cpu: int) -> a
     )
 
 
-def one_pass(sched: Scheduler) -> None:
-    """dispatch_pass without the store and without launching: check, then apply."""
+def one_pass(sched: Dispatcher) -> None:
+    """dispatch_pass without the store and without launching: check, then step."""
     cards = sched.cards_now()
     free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
     free["cpu"] = sched.cpu_slots_free()
@@ -85,33 +98,20 @@ def one_pass(sched: Scheduler) -> None:
         if hold.job_id in decided:
             assert decided[hold.job_id] == hold
         else:  # left out: it must be held already, exactly so
-            current = sched.jobs[hold.job_id]
-            assert sched.queue.settled_kind.get(hold.job_id) is not None
+            current = sched.table.jobs[hold.job_id]
+            assert sched.table.queue.settled_kind.get(hold.job_id) is not None
             assert (current.hold_reason, current.waiting_for) == (hold.reason, hold.message)
-    for hold in plan.holds:
-        sched._hold(hold)
+    out = step(sched.table, Dispatch(plan.starts, plan.holds), Now(1e9, monotonic()))
+    sched.table.apply(out.changes)
     sched._settle(plan.holds, {kind for kind, n in free.items() if n <= 0})
-    for start in plan.starts:
-        started = sched.jobs[start.job_id]
-        sched._dequeue(started)
-        sched.jobs[started.id] = dataclasses.replace(started, state=JobState.RUNNING)
-        sched.seq += 1
-        sched.running[started.id] = Running(
-            started.id,
-            Attempt(started.id, 1, start.gpus, "", "k"),
-            start.gpus,
-            sched.seq,
-            monotonic(),
-            None,
-            start.vram_reserved_mb,
-        )
 
 
-def end_one(sched: Scheduler, pick: int) -> None:
-    if sched.running:
-        job_id = sorted(sched.running)[pick % len(sched.running)]
-        del sched.running[job_id]
-        del sched.jobs[job_id]
+def end_one(sched: Dispatcher, pick: int) -> None:
+    running = sched.table.live
+    if running:
+        job_id = sorted(running)[pick % len(running)]
+        del running[job_id]
+        del sched.table.jobs[job_id]
 
 
 ops = st.lists(
@@ -147,7 +147,7 @@ def test_a_pass_decides_what_a_pass_over_the_whole_queue_decides(
         if op[0] == "submit":
             _, count, gpus, priority, vram_mb, mem_mb = op
             for _ in range(count):
-                sched._enqueue(job(next_id, min(gpus, cards), priority, vram_mb, mem_mb))
+                enqueue(sched, job(next_id, min(gpus, cards), priority, vram_mb, mem_mb))
                 next_id += 1
         elif op[0] == "pass":
             one_pass(sched)
@@ -159,34 +159,33 @@ def test_a_pass_decides_what_a_pass_over_the_whole_queue_decides(
 def test_settled_jobs_are_left_out_until_a_card_frees() -> None:
     sched = scheduler(cards=1, cpu_slots=1, wait_s=1e9)
     for i in range(1, 1001):
-        sched._enqueue(job(i))
+        enqueue(sched, job(i))
     one_pass(sched)  # job 1 starts; 999 are held for the card
-    assert len(sched.queue.settled["gpu"]) == 999 and not sched.queue.live
-    sched._enqueue(job(1001, gpus=0))
+    assert len(sched.table.queue.settled["gpu"]) == 999 and not sched.table.queue.live
+    enqueue(sched, job(1001, gpus=0))
     reads: list[int] = []
-    real = sched.queue.keys
+    real = sched.table.queue.keys
 
     def counted(ends: dict[str, int], extra: Any = ()) -> Any:
         keys = list(real(ends, extra))
         reads.extend(job_id for _prio, job_id in keys)
         return iter(keys)
 
-    sched.queue.keys = counted  # type: ignore[method-assign]
+    sched.table.queue.keys = counted  # type: ignore[method-assign]
     one_pass(sched)
     assert reads == [1001]  # only the CPU job was read
     reads.clear()
     end_one(sched, 0)
     one_pass(sched)  # the card went to job 2, read among the first few
-    assert 2 in sched.running and len(reads) < 20
+    assert 2 in sched.table.live and len(reads) < 20
 
 
-def busy(sched: Scheduler, job_id: int, cards: tuple[int, ...]) -> None:
+def busy(sched: Dispatcher, job_id: int, cards: tuple[int, ...]) -> None:
     """A job that runs already (on `cards`, or a CPU slot when empty)."""
-    sched.jobs[job_id] = dataclasses.replace(job(job_id, len(cards)), state=JobState.RUNNING)
-    sched.seq += 1
-    sched.running[job_id] = Running(
-        job_id, Attempt(job_id, 1, cards, "", "k"), cards, sched.seq, 0.0, None, 0
-    )
+    sched.table.jobs[job_id] = dataclasses.replace(job(job_id, len(cards)), state=JobState.RUNNING)
+    sched.table.seq += 1
+    attempt = Attempt(job_id, 1, cards, "", "k")
+    sched.table.live[job_id] = Live(attempt, cards, sched.table.seq, Phase.RUNNING, None, 0, 0.0)
 
 
 def test_a_freed_card_goes_past_jobs_that_cannot_take_it() -> None:
@@ -196,13 +195,13 @@ def test_a_freed_card_goes_past_jobs_that_cannot_take_it() -> None:
     busy(sched, 100, (0,))
     busy(sched, 101, (1,))
     for i in range(1, 13):
-        sched._enqueue(job(i, gpus=2))
-    sched._enqueue(job(13))
+        enqueue(sched, job(i, gpus=2))
+    enqueue(sched, job(13))
     one_pass(sched)
-    assert len(sched.queue.settled["gpu"]) == 13
+    assert len(sched.table.queue.settled["gpu"]) == 13
     end_one(sched, 0)
     one_pass(sched)
-    assert 13 in sched.running
+    assert 13 in sched.table.live
 
 
 def test_a_settled_job_past_the_backfill_wait_is_still_a_barrier() -> None:
@@ -211,27 +210,27 @@ def test_a_settled_job_past_the_backfill_wait_is_still_a_barrier() -> None:
     sched = scheduler(cards=2, cpu_slots=1, wait_s=0.0)
     busy(sched, 100, (0,))
     busy(sched, 101, (1,))
-    sched._enqueue(job(1, gpus=2, vram_mb=20_000))  # cannot ever run here: no barrier
-    sched._enqueue(job(2, mem_mb=50_000))  # the barrier
+    enqueue(sched, job(1, gpus=2, vram_mb=20_000))  # cannot ever run here: no barrier
+    enqueue(sched, job(2, mem_mb=50_000))  # the barrier
     one_pass(sched)
-    assert sched.queue.settled["gpu"] == [(0, 1), (0, 2)]
-    sched._enqueue(job(3, gpus=0, mem_mb=45_000))
+    assert sched.table.queue.settled["gpu"] == [(0, 1), (0, 2)]
+    enqueue(sched, job(3, gpus=0, mem_mb=45_000))
     one_pass(sched)
-    assert 3 not in sched.running
-    assert sched.jobs[3].hold_reason == "host_ram"
+    assert 3 not in sched.table.live
+    assert sched.table.jobs[3].hold_reason == "host_ram"
 
 
 def test_a_job_told_how_many_cards_were_free_is_settled_only_when_none_was() -> None:
     """ "2 free GPUs, 1 free" is not what a pass with none free would say."""
     sched = scheduler(cards=2, cpu_slots=1, wait_s=1e9)
     busy(sched, 100, (0,))
-    sched._enqueue(job(1, gpus=2))
-    sched._enqueue(job(2))
+    enqueue(sched, job(1, gpus=2))
+    enqueue(sched, job(2))
     one_pass(sched)  # job 2 takes the free card; job 1 was told "1 free"
-    assert 2 in sched.running and 1 not in sched.queue.settled_kind
+    assert 2 in sched.table.live and 1 not in sched.table.queue.settled_kind
     one_pass(sched)  # none free now: read again, told "0 free", settled
-    assert sched.jobs[1].waiting_for == "waiting for 2 free GPUs, 0 free"
-    assert 1 in sched.queue.settled_kind
+    assert sched.table.jobs[1].waiting_for == "waiting for 2 free GPUs, 0 free"
+    assert 1 in sched.table.queue.settled_kind
 
 
 def test_a_job_held_for_another_reason_is_not_settled() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core import oom as ranking
 from supervisor.daemon import cgroups, oom
 
 MB = 1024 * 1024
@@ -21,38 +22,38 @@ MB = 1024 * 1024
 
 
 def test_newest_job_at_1000_every_older_process_at_base() -> None:
-    values = oom.oom_adjustments([10, 11], {1: [20, 21], 2: (30,)})
+    values = ranking.oom_adjustments([10, 11], {1: [20, 21], 2: (30,)})
     assert values == {10: 1000, 11: 1000, 20: 0, 21: 0, 30: 0}
 
 
 def test_the_newest_job_wins_a_pid_listed_twice() -> None:
-    assert oom.oom_adjustments([10], {1: [10, 20]}, base=200) == {10: 1000, 20: 200}
+    assert ranking.oom_adjustments([10], {1: [10, 20]}, base=200) == {10: 1000, 20: 200}
 
 
 def test_base_value_never_below_zero_nor_below_the_daemon() -> None:
-    assert oom.base_value(-900) == 0
-    assert oom.base_value(0) == 0
-    assert oom.base_value(200) == 200
+    assert ranking.base_value(-900) == 0
+    assert ranking.base_value(0) == 0
+    assert ranking.base_value(200) == 200
 
 
 def test_newest_job_is_the_last_dispatched() -> None:
-    assert oom.newest_job({4: 17, 9: 12, 2: 30}) == 2
-    assert oom.newest_job({}) is None
+    assert ranking.newest_job({4: 17, 9: 12, 2: 30}) == 2
+    assert ranking.newest_job({}) is None
 
 
 def test_no_squeeze_no_victims() -> None:
-    assert oom.squeeze_victims(5000, 3000, [(1, 1, 100)]) == []
+    assert ranking.squeeze_victims(5000, 3000, [(1, 1, 100)]) == []
 
 
 def test_squeeze_stops_the_newest_dispatched_first_as_many_as_needed() -> None:
     running = [(1, 1, 60_000), (2, 3, 500), (3, 2, 2_000)]
-    assert oom.squeeze_victims(2000, 3000, running) == [2, 3]
-    assert oom.squeeze_victims(2900, 3000, running) == [2]
+    assert ranking.squeeze_victims(2000, 3000, running) == [2, 3]
+    assert ranking.squeeze_victims(2900, 3000, running) == [2]
 
 
 def test_squeeze_takes_at_least_one_even_if_it_frees_little() -> None:
-    assert oom.squeeze_victims(100, 3000, [(1, 1, 0), (2, 2, 0)]) == [2, 1]
-    assert oom.squeeze_victims(100, 3000, []) == []
+    assert ranking.squeeze_victims(100, 3000, [(1, 1, 0), (2, 2, 0)]) == [2, 1]
+    assert ranking.squeeze_victims(100, 3000, []) == []
 
 
 # --- /proc writes on real processes ---------------------------------------------------
@@ -69,7 +70,7 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def test_apply_writes_values_that_read_back(sleepers: list[subprocess.Popen[bytes]]) -> None:
     a, b, c = (p.pid for p in sleepers)
-    base = oom.base_value(oom.read_value() or 0)
+    base = ranking.base_value(oom.read_value() or 0)
     assert oom.apply({a: 1000, b: base, c: 500}) == []
     assert [oom.read_value(pid) for pid in (a, b, c)] == [1000, base, 500]
     # Back down from 1000, as happens to a job once a newer one starts.
@@ -209,7 +210,7 @@ def test_unprivileged_daemon_can_lower_an_older_job_back_from_1000() -> None:
     )
     new, base, lowered, refused = out.stdout.split()
     assert new == "1000"
-    assert lowered == base == str(oom.base_value(int(base)))
+    assert lowered == base == str(ranking.base_value(int(base)))
     assert refused == "yes"  # below the floor it inherited, an unprivileged write fails
 
 
@@ -307,12 +308,12 @@ def test_the_kernel_kills_the_newest_job_not_the_bigger_older_one(
     memcg: Callable[[int], Path],
 ) -> None:
     group = memcg(300)
-    base = oom.base_value(oom.read_value() or 0)
+    base = ranking.base_value(oom.read_value() or 0)
     older = spawn(OLDER, group, base)
     newer: subprocess.Popen[str] | None = None
     try:
         assert older.stdout is not None and older.stdout.readline() == "ready\n"
-        newer = spawn(NEWER, group, oom.NEWEST)
+        newer = spawn(NEWER, group, ranking.NEWEST)
         assert newer.wait(timeout=60) == -signal.SIGKILL
         time.sleep(0.2)  # a second kill would land right after the first
         assert older.poll() is None, "the older job was killed"

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import re
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.core.projection import MemObservation, Projection, mem_key, project
+from supervisor.core.projection import MemObservation, Projection, project
 
 GB = 1024
 
@@ -17,46 +15,6 @@ def ok(peak: int, scale: float | None = None) -> MemObservation:
 
 def failed(peak: int, reason: str, scale: float | None = None) -> MemObservation:
     return MemObservation(peak, reason, scale)
-
-
-# --- the memory key -------------------------------------------------------------------
-
-
-def test_explicit_key_wins_and_is_trimmed() -> None:
-    assert mem_key(["python3", "train.py"], " llama-70b ") == "llama-70b"
-
-
-def test_blank_explicit_key_falls_back_to_the_command() -> None:
-    assert mem_key(["python3", "train.py"], "  ") == mem_key(["python3", "train.py"], None)
-
-
-def test_same_command_same_key_and_executable_reduced_to_basename() -> None:
-    a = mem_key(["/usr/bin/python3", "train.py", "--bs", "8"], None)
-    b = mem_key(["python3", "train.py", "--bs", "8"], None)
-    assert a == b
-    assert re.fullmatch(r"python3 train\.py --bs 8#[0-9a-f]{8}", a)
-
-
-def test_arguments_make_a_different_kind_of_job() -> None:
-    assert mem_key(["python3", "train.py", "--bs", "8"]) != mem_key(
-        ["python3", "train.py", "--bs", "16"]
-    )
-    # Joining with spaces must not merge distinct argv splits.
-    assert mem_key(["sh", "-c", "a b"]) != mem_key(["sh", "-c", "a", "b"])
-
-
-def test_long_commands_get_a_short_readable_head() -> None:
-    key = mem_key(["python3", "train.py", "--config", "configs/" + "x" * 200 + ".yaml"])
-    head, _, digest = key.rpartition("#")
-    assert head.startswith("python3 train.py --config")
-    assert head.endswith("...")
-    assert len(head) <= 40
-    assert re.fullmatch(r"[0-9a-f]{8}", digest)
-
-
-def test_mem_key_needs_a_command() -> None:
-    with pytest.raises(ValueError):
-        mem_key([], None)
 
 
 # --- projections ----------------------------------------------------------------------
@@ -91,17 +49,19 @@ def test_only_the_last_ten_qualifying_runs_count() -> None:
     assert p == Projection(10_000, "observed", 11)
 
 
-def test_exit_nonzero_qualifies() -> None:
-    p = project([ok(1000), failed(5000, "exit_nonzero")], declared_mb=None, scale=None, margin=0)
-    assert p == Projection(5000, "observed", 2)
-
-
 @pytest.mark.parametrize(
-    "reason", ["cancelled", "interrupted", "gpu_hang", "signal", "spawn_failed"]
+    "reason", ["exit_nonzero", "cancelled", "interrupted", "gpu_hang", "signal", "spawn_failed"]
 )
 def test_cut_short_runs_never_feed_the_figure(reason: str) -> None:
     p = project([ok(1000), failed(90_000, reason)], declared_mb=None, scale=None, margin=0.0)
     assert p == Projection(1000, "observed", 1)
+
+
+def test_an_oom_kill_raises_the_floor_a_failed_run_does_not() -> None:
+    history = [ok(1000), failed(3000, "oom_killed"), failed(9000, "exit_nonzero")]
+    assert project(history, declared_mb=None, scale=None, margin=0.0) == Projection(
+        3000, "observed", 1
+    )
 
 
 def test_cut_short_runs_alone_give_no_figure() -> None:
@@ -206,9 +166,7 @@ def test_never_below_an_oom_kill_nor_a_recent_qualifying_peak_at_the_same_scale(
         if h.reason == "oom_killed" and (scale is None or h.scale is None or h.scale <= scale)
     ]
     same = [
-        h.peak_rss_mb
-        for h in history
-        if h.reason in (None, "exit_nonzero") and (scale is None or h.scale == scale)
+        h.peak_rss_mb for h in history if h.reason is None and (scale is None or h.scale == scale)
     ]
     if binding_ooms or same or declared is not None:
         assert p is not None

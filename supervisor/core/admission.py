@@ -54,6 +54,7 @@ class Candidate:
     vram_mb: int | None  # per card
     projection: Projection | None
     held_since: float | None  # monotonic; None when not held
+    hold_reason: HoldReason | None = None  # why it is held now
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,8 @@ def _projected(cand: Candidate) -> int | None:
 class _Barrier:
     """A job held past the backfill limit: nothing that competes with it passes it.
 
-    Every job needs host RAM, so behind a job waiting for RAM nothing starts. Behind a
+    Behind a job waiting for RAM, no job with a projection starts (a job with none is
+    booked at nothing, so it takes none of that RAM and still may). Behind a
     job waiting for cards, CPU-only jobs may still start, and behind one waiting for a
     CPU slot, GPU jobs may: they take nothing it waits for, and its projected RAM is
     set aside first so that they cannot take that either. A job that could never start
@@ -173,7 +175,9 @@ class _Barrier:
             return cand.gpus == 0
         if self.reason in ("gpus", "vram"):
             return cand.gpus > 0
-        return True
+        # Waiting for RAM: only what would take RAM competes. A job with no figure is
+        # booked at nothing, so it takes none of what the barrier waits for.
+        return _projected(cand) is not None
 
     def hold(self, cand: Candidate) -> Hold:
         what = _WAITING_FOR[self.reason]
@@ -215,22 +219,31 @@ class _Pool:
         return not self.idle_vram and self.cpu_free <= 0
 
     def possible(self, cand: Candidate) -> bool:
-        """Whether the job could start on this machine once everything else has left."""
-        need = cand.vram_mb or 0
-        return sum(1 for total in self.healthy_vram if total >= need) >= cand.gpus
+        return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram)
 
     def evaluate(self, cand: Candidate) -> tuple[int, ...] | Hold:
-        """The cards the job would get now (() for a CPU job), or why it waits."""
+        """The cards the job would get now (() for a CPU job), or why it waits. A job
+        held for host RAM is asked about RAM first: while RAM would still block it, that
+        stays the reason shown, whatever happens to the cards meanwhile (one wait, one
+        reason). Others are asked about devices first, so that a job held for a device
+        gets the same words again while none is free (jobqueue's settled jobs)."""
+        if cand.hold_reason == "host_ram":
+            ram = self._ram_hold(cand)
+            return ram if ram is not None else self._place_devices(cand)
         placed = self._place_devices(cand)
         if isinstance(placed, Hold):
             return placed
+        ram = self._ram_hold(cand)
+        return ram if ram is not None else placed
+
+    def _ram_hold(self, cand: Candidate) -> Hold | None:
         projected = _projected(cand)
         # A lone job always starts: holding it could only leave the machine idle.
         if projected is not None and projected > self.ram_free and self.started_any:
             free = max(0, self.ram_free)
             message = f"waiting for host RAM: needs {gb(projected)}, {gb(free)} free"
             return Hold(cand.job_id, "host_ram", message)
-        return placed
+        return None
 
     def take(self, cand: Candidate, placed: tuple[int, ...], *, book_ram: bool) -> None:
         for index in placed:
@@ -263,6 +276,16 @@ class _Pool:
             most = max(self.idle_vram.values())
             return f"waiting for VRAM: needs {need} on one card, {gb(max(0, most))} free at most"
         return f"waiting for VRAM: needs {need} on each of {cand.gpus} cards, {fitting} have it"
+
+
+def could_run(gpus: int, vram_mb: int | None, cards: Sequence[Card]) -> bool:
+    """Whether a job could start on this machine once everything else has left."""
+    return _could_run(gpus, vram_mb, [c.vram_total_mb for c in cards if c.healthy])
+
+
+def _could_run(gpus: int, vram_mb: int | None, healthy_vram: Sequence[int]) -> bool:
+    need = vram_mb or 0
+    return sum(1 for total in healthy_vram if total >= need) >= gpus
 
 
 def gb(mb: int) -> str:

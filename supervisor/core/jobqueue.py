@@ -4,7 +4,7 @@ with a hundred jobs queued as with a hundred thousand.
 A job held only because none of its kind of device (a card, a CPU slot) was free is
 *settled*: evaluated again while none is free, it would be held again with the same
 words, so a pass leaves it out. A pass reads the live jobs, and of a kind's settled jobs
-only the first few when units of that kind are free (Scheduler._plan checks that they
+only the first few when units of that kind are free (Dispatcher._plan checks that they
 were enough). Pure bookkeeping over plain data: no I/O, no clock.
 """
 

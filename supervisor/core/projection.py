@@ -6,22 +6,19 @@ The rules are described for operators in docs/host-memory.md.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 Basis = Literal["observed", "fit", "declared"]
 
-# Attempts whose peak describes a whole run of the job. A run that failed with a non-zero
-# exit still ran its course; the others were cut short from outside (cancel, hang, daemon
-# restart, a signal) or never ran, so their peak says nothing reliable about the job.
-QUALIFYING = frozenset({None, "exit_nonzero"})
+# Attempts whose peak describes a whole run of the job: only successes. A failed run may
+# have stopped early (a bad argument, a missing file), the others were cut short from
+# outside (cancel, hang, daemon restart, a signal) or never ran; an OOM kill is a floor.
+QUALIFYING = frozenset({None})
 OOM_KILLED = "oom_killed"
 WINDOW = 10  # the last qualifying runs that count, so a job that got lighter is believed
-_HEAD_CHARS = 40
 
 
 @dataclass(frozen=True)
@@ -42,28 +39,6 @@ class Projection:
 
     def to_json(self) -> dict[str, object]:
         return {"projected_mb": self.projected_mb, "basis": self.basis, "runs": self.runs}
-
-
-def mem_key(argv: Sequence[str], explicit: str | None = None) -> str:
-    """The memory key: `explicit` when given, else derived from the command alone.
-
-    Two submissions are the same kind of job when their argv is the same after the
-    executable is reduced to its basename (`/usr/bin/python3 x.py` == `python3 x.py`).
-    Every argument counts, since arguments (batch size, model, input) drive memory; the
-    name, labels, working directory and environment do not. The key is a readable head
-    of the command plus 8 hex digits of a SHA-256 over the whole normalized argv.
-    """
-    if explicit is not None and explicit.strip():
-        return explicit.strip()
-    if not argv:
-        raise ValueError("mem_key needs a command")
-    words = [os.path.basename(argv[0]) or argv[0], *argv[1:]]
-    raw = "\0".join(words).encode("utf-8", "surrogateescape")
-    digest = hashlib.sha256(raw).hexdigest()[:8]
-    head = " ".join(" ".join(w.split()) for w in words)
-    if len(head) > _HEAD_CHARS:
-        head = head[: _HEAD_CHARS - 3].rstrip() + "..."
-    return f"{head}#{digest}"
 
 
 def project(

@@ -1,23 +1,29 @@
-"""Request handlers: who may do what, and what each request does to the scheduler."""
+"""Request handlers: what each request does, through the engine and the store."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import grp
 import os
-import pwd
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
+from supervisor.core.commands import Cancel, Changed, ProcessStarted
+from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.core.projection import mem_key
+from supervisor.core.memkey import mem_key
+from supervisor.core.records import Attempt
+from supervisor.core.table import Phase
 from supervisor.daemon import joblogs, jobrows, views
+from supervisor.daemon.access import Access, forbidden
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
-from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
 from supervisor.daemon.verbs import Verbs
@@ -33,27 +39,37 @@ from supervisor.wire.protocol import (
 )
 
 LOG_CHUNK = 512 * 1024
-
-
-def _forbidden(what: str) -> ProtocolError:
-    return ProtocolError(protocol.FORBIDDEN, f"not allowed: {what}")
+START_WAIT_S = 10.0  # the longest `show` waits for a start in flight
 
 
 class Api:
     def __init__(
         self,
         cfg: Config,
-        sched: Scheduler,
+        engine: Engine,
+        book: MemoryBook,
+        access: Access,
+        broker: Broker,
         *,
-        stop_job: Callable[[int], Awaitable[None]],
+        dispatcher: Dispatcher,
+        live_rss: Callable[[int], tuple[int, int] | None],
         card_count: Callable[[], int],
         card_vram_mb: Callable[[], int],
         simple: dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]],
     ) -> None:
         self.cfg = cfg
-        self.sched = sched
-        self.store = sched.store
-        self.stop_job = stop_job
+        self.engine = engine
+        self.table = engine.table
+        self.book = book
+        self.access = access
+        self.store = engine.store
+        self.dispatcher = dispatcher
+        self.draining: Callable[[], bool] = lambda: dispatcher.draining
+        self.live_rss = live_rss
+        self.waiters: dict[int, list[anyio.Event]] = {}
+        self.starting: dict[int, list[anyio.Event]] = {}
+        broker.subscribe(Changed, self._changed)
+        broker.subscribe(ProcessStarted, lambda ev: self._wake(self.starting, ev.job_id))
         self.card_count = card_count
         self.card_vram_mb = card_vram_mb
         self.simple = simple
@@ -62,38 +78,26 @@ class Api:
         self.submitting = anyio.Lock()
         self.verbs = Verbs(self)
 
-    # ---- identity -------------------------------------------------------------------
+    def _changed(self, ev: Changed) -> None:
+        if ev.new.state.terminal:
+            self._wake(self.waiters, ev.new.id)
+            self._wake(self.starting, ev.new.id)
 
-    def is_admin(self, uid: int) -> bool:
-        if uid == 0:
-            return True
-        if not self.cfg.admin_group:
-            return False
-        try:
-            group = grp.getgrnam(self.cfg.admin_group)
-            user = pwd.getpwuid(uid)
-        except KeyError:
-            return False
-        return group.gr_gid in os.getgrouplist(user.pw_name, user.pw_gid)
+    @staticmethod
+    def _wake(waiting: dict[int, list[anyio.Event]], job_id: int) -> None:
+        for event in waiting.pop(job_id, []):
+            event.set()
 
-    def admit(self, peer: Peer) -> str | None:
-        """A non-root daemon can only run jobs as itself: it serves its own user (and
-        admins, who may watch and cancel); a root daemon serves whoever reached the
-        socket, which its mode and group already restrict."""
-        me = os.geteuid()
-        if me == 0 or peer.uid == me or self.is_admin(peer.uid):
-            return None
-        return f"this gpusvd runs as uid {me} and serves only that user"
-
-    def may_act(self, peer: Peer, job: Job) -> bool:
-        return peer.uid == job.spec.owner_uid or self.is_admin(peer.uid)
-
-    def may_submit(self, peer: Peer) -> None:
-        """A job runs as its submitter; a non-root daemon can only run jobs as itself, so
-        there only its own user submits (admins of such a daemon watch and cancel)."""
-        me = os.geteuid()
-        if me != 0 and peer.uid != me:
-            raise _forbidden(f"this gpusvd runs as uid {me} and runs jobs only for that user")
+    async def _started(self, job_id: int) -> None:
+        """A job shown running has its process: a start in flight is waited for (it
+        takes a fork and a commit), so that `show` never gives a running attempt no pid."""
+        live = self.table.live.get(job_id)
+        if live is None or live.phase is Phase.RUNNING:
+            return
+        event = anyio.Event()
+        self.starting.setdefault(job_id, []).append(event)
+        with anyio.move_on_after(START_WAIT_S):
+            await event.wait()
 
     # ---- dispatch -------------------------------------------------------------------
 
@@ -151,7 +155,7 @@ class Api:
 
     async def check_after(self, after: tuple[int, ...]) -> None:
         for parent in after:
-            if parent not in self.sched.jobs and await self.store.get_job(parent) is None:
+            if parent not in self.table.jobs and await self.store.get_job(parent) is None:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
 
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
@@ -180,15 +184,15 @@ class Api:
                 progress_regex=opts.progress_regex,
                 priority=opts.priority,
                 after=opts.after,
-                time_limit_s=opts.time_limit_s,
                 stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
+                time_limit_s=opts.time_limit_s,
             )
             for i, argv in enumerate(req.argvs)
         ]
 
     async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
-        self.may_submit(peer)
-        if self.sched.draining and not req.options.dry_run:
+        self.access.may_submit(peer)
+        if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self._check_fits(req)
         await self.check_after(req.options.after)
@@ -196,21 +200,20 @@ class Api:
         if req.options.dry_run:
             out = []
             for spec in specs:
-                await self.sched.load_history(spec.mem_key)
+                await self.book.load(spec.mem_key)
                 job = Job(id=0, spec=spec)
-                out.append(views.job_json(job, host_memory=self.sched.projection(spec)))
+                out.append(views.job_json(job, host_memory=self.book.projection(spec)))
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
-        jobs = await self.enqueue(specs, peer.uid)
+        ids = await self.enqueue(specs, peer.uid)
         if req.options.run:
-            self.verbs.bind(peer, jobs[0].id)
-        if req.type == "submit" and len(jobs) == 1:
-            job = jobs[0]
-            return {"ok": True, "ids": [job.id], "job": self.job_view(job)}
-        return {"ok": True, "ids": [j.id for j in jobs]}
+            self.verbs.bind(peer, ids[0])
+        if req.type == "submit" and len(ids) == 1:
+            return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
+        return {"ok": True, "ids": ids}
 
-    async def enqueue(self, specs: list[JobSpec], uid: int) -> list[Job]:
-        """Queue new jobs of `uid`, within its cap of active jobs."""
+    async def enqueue(self, specs: list[JobSpec], uid: int) -> list[int]:
+        """Queue new jobs of `uid`, within its cap of active jobs; their ids."""
         async with self.submitting:
             queued = await self.store.queued_count(uid)
             if queued + len(specs) > self.cfg.max_queued_per_user:
@@ -219,15 +222,17 @@ class Api:
                     f"uid {uid} has {queued} active jobs; the limit is "
                     f"{self.cfg.max_queued_per_user}",
                 )
-            return await self.sched.submit(specs)
+            for key in {s.mem_key for s in specs}:
+                await self.book.load(key)
+            return submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
 
     # ---- reading --------------------------------------------------------------------
 
     def job_view(self, job: Job) -> dict[str, Any]:
-        return views.job_json(job, host_memory=self.sched.projection(job.spec))
+        return views.job_json(job, host_memory=self.book.projection(job.spec))
 
-    async def job(self, job_id: int) -> Job:
-        job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
+    async def _job(self, job_id: int) -> Job:
+        job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
         if job is None:
             raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
         return job
@@ -242,83 +247,85 @@ class Api:
             owner_uid=req.owner_uid,
             ended_since=since,
         )
-        admin = self.is_admin(peer.uid)  # once: a group lookup may go to the network
+        admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
         out = []
         for row in rows:
-            job = self.sched.jobs.get(row.id, row)
+            job = self.table.jobs.get(row.id, row)
             full = self.job_view(job)
             mine = admin or job.spec.owner_uid == peer.uid
             out.append(full if mine else views.public_view(full))
         return {"ok": True, "jobs": out}
 
     async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        job = await self.job(req.ids[0])
-        if not self.may_act(peer, job):
-            raise _forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
-        await self.sched.load_history(job.spec.mem_key)
-        obj = views.job_json(
-            job,
-            host_memory=self.sched.projection(job.spec),
-            attempts=await self.store.attempts(job.id),
-            events=await self.store.events(job.id),
-        )
-        live = self.sched.running.get(job.id)
-        if live is not None and obj["attempts"]:  # the running attempt's figures so far
-            obj["attempts"][-1]["peak_rss_mb"] = live.peak_rss_mb or None
-            obj["attempts"][-1]["rss_mb"] = live.rss_mb
-        return {"ok": True, "job": obj}
+        job = await self._job(req.ids[0])
+        if not self.access.may_act(peer, job):
+            raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
+        await self.book.load(job.spec.mem_key)
+        job_id = job.id
 
-    async def cancel_one(self, job_id: int, why: str) -> str:
-        """Cancel one active job; its new state (cancelling: stopping a running one)."""
-        job = self.sched.jobs.get(job_id)
-        if job is None:
-            return "gone"
-        if job.state is JobState.QUEUED:
-            await self.sched.cancel_queued(job, why)
-            return "cancelled"
-        await self.stop_job(job_id)
-        return "cancelling"
+        async def read() -> tuple[Job, list[Attempt], list[dict[str, Any]]]:
+            return (
+                await self._job(job_id),
+                await self.store.attempts(job_id),
+                await self.store.events(job_id),
+            )
+
+        job, attempts, events = await self.engine.read(read)  # of one moment
+        if job.state is JobState.RUNNING and attempts and attempts[-1].pid is None:
+            await self._started(job_id)
+            job, attempts, events = await self.engine.read(read)
+        obj = views.job_json(
+            job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
+        )
+        live = self.live_rss(job.id)
+        if live is not None and obj["attempts"]:  # the running attempt's figures so far
+            obj["attempts"][-1]["rss_mb"], peak = live
+            obj["attempts"][-1]["peak_rss_mb"] = peak or None
+        return {"ok": True, "job": obj}
 
     async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
         if req.all:
             req = dataclasses.replace(req, ids=self.verbs.own_active(peer))
         for job_id in req.ids:  # all allowed, or nothing is cancelled
-            job = self.sched.jobs.get(job_id) or await self.store.get_job(job_id)
-            if job is not None and not self.may_act(peer, job):
-                raise _forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
+            job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
+            if job is not None and not self.access.may_act(peer, job):
+                raise forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
         results = []
         for job_id in req.ids:
             try:
-                job = await self.job(job_id)
+                job = await self._job(job_id)
             except ProtocolError as exc:
                 results.append({"id": job_id, "ok": False, "error": exc.message})
                 continue
             if job.state.terminal:
                 results.append({"id": job_id, "ok": False, "error": f"already {job.state.value}"})
-            else:
-                state = await self.cancel_one(job_id, f"cancelled by uid {peer.uid}")
-                results.append({"id": job_id, "ok": True, "state": state})
+                continue
+            await self.engine.do(Cancel(job_id))
+            # Cancelled only when nothing of the job will run; else its attempt is
+            # being stopped, and it ends cancelled all the same.
+            state = "cancelling" if job_id in self.table.jobs else "cancelled"
+            results.append({"id": job_id, "ok": True, "state": state})
         return {"ok": True, "results": results}
 
     async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
         done: list[dict[str, Any]] = []
         with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
             for job_id in req.ids:
-                job = await self.job(job_id)
+                job = await self._job(job_id)
                 while not job.state.terminal:
                     event = anyio.Event()
-                    self.sched.waiters.setdefault(job_id, []).append(event)
+                    self.waiters.setdefault(job_id, []).append(event)
                     await event.wait()
-                    job = await self.job(job_id)
+                    job = await self._job(job_id)
                 view = self.job_view(job)
-                done.append(view if self.may_act(peer, job) else views.public_view(view))
+                done.append(view if self.access.may_act(peer, job) else views.public_view(view))
             return {"ok": True, "jobs": done, "timed_out": False}
         return {"ok": True, "jobs": done, "timed_out": True}
 
     async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        job = await self.job(req.ids[0])
-        if not self.may_act(peer, job):
-            raise _forbidden(f"logs of job {job.id}")
+        job = await self._job(req.ids[0])
+        if not self.access.may_act(peer, job):
+            raise forbidden(f"logs of job {job.id}")
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
         data, offset, size = joblogs.read(path, req.offset, LOG_CHUNK, req.tail_lines)
         return {

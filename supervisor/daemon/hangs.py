@@ -8,26 +8,29 @@ import re
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import structlog
 
-from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobState
+from supervisor.core.commands import AttemptEnded, HangSeen, Reclassify
+from supervisor.core.jobs import ExitStatus, FailureReason
+from supervisor.core.records import Attempt
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.cgroups import oom_kill_count, own_memory_cgroup
 from supervisor.daemon.clock import iso_from_epoch, now_iso
 from supervisor.daemon.config import Config
+from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import read_meminfo
-from supervisor.daemon.store import Attempt, Event
 from supervisor.faults.classifier import Classification, Classifier, FaultClass
 from supervisor.faults.merge import attributed_bus, feed
 from supervisor.faults.sources import KernelLine, follow
 
 if TYPE_CHECKING:
-    from supervisor.daemon.attempts import AttemptRunner
+    from supervisor.daemon.attempts import Proc
     from supervisor.daemon.gpu_monitor import GpuMonitor
-    from supervisor.daemon.scheduler import Running, Scheduler
 
 log = structlog.get_logger("gpusvd.hangs")
 KILLED_PROCESS = re.compile(r"Killed process (\d+)")
@@ -45,23 +48,35 @@ class Fault:
 
 
 class HangWatcher:
-    def __init__(self, sched: Scheduler, monitor: GpuMonitor, cfg: Config) -> None:
-        self.sched = sched
+    def __init__(
+        self,
+        cfg: Config,
+        engine: Engine,
+        broker: Broker,
+        monitor: GpuMonitor,
+        *,
+        mem_total_mb: int,
+        beat: Callable[[], None] = lambda: None,
+        more_sources: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
+        self.engine = engine
         self.monitor = monitor
         self.cfg = cfg
+        self.mem_total_mb = mem_total_mb
+        self.beat = beat
+        self.more_sources = more_sources  # () -> {name: lines}: NVML's Xid events
         self.window_s = cfg.gpu_hang.correlation_window_s
-        self.attempts: AttemptRunner | None = None
         self.classifier = Classifier()
         self.lines: deque[str] = deque(maxlen=200)
         self.faults: deque[Fault] = deque(maxlen=1000)
-        self.failures: deque[tuple[float, int, int, tuple[int, ...]]] = deque(maxlen=1000)
+        self.failures: deque[tuple[float, int, Attempt, tuple[int, ...]]] = deque(maxlen=1000)
         self.oom_pids: dict[int, float] = {}
         self.squeezed_at = 0.0
         self.cgroup = own_memory_cgroup()
         self.fault_seen = anyio.Event()
-        self.beat: Any = lambda: None
-        self.reclassified: Any = lambda job, attempt: None  # the operator's on_gpu_hang hook
-        self.more_sources: Any = dict  # () -> {name: lines}: NVML's Xid events, set by the daemon
+        self.commands: list[HangSeen | Reclassify] = []
+        self.send = anyio.Event()
+        broker.subscribe(AttemptEnded, self.on_attempt_end)
 
     def recent(self) -> list[str]:
         return list(self.lines)
@@ -74,9 +89,23 @@ class HangWatcher:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._heartbeat)
+            tg.start_soon(self._sender)
             task_status.started()
             sources = {"kernel": follow(self.cfg.kernel_log, on_restart=restarted)}
             await feed({**sources, **self.more_sources()}, self.on_line)
+
+    def _command(self, cmd: HangSeen | Reclassify) -> None:
+        self.commands.append(cmd)
+        self.send.set()
+
+    async def _sender(self) -> None:
+        """The watcher's commands, in the order the lines came."""
+        while True:
+            await self.send.wait()
+            self.send = anyio.Event()
+            batch, self.commands = self.commands, []
+            for cmd in batch:
+                await self.engine.do(cmd)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -108,12 +137,11 @@ class HangWatcher:
             self.monitor.mark_lost(card, line.text.strip()[:200], LOST_QUARANTINE_S)
         self.fault_seen.set()
         self.fault_seen = anyio.Event()
-        for r in list(self.sched.running.values()):
-            if card in r.cards and r.kill_reason is not FailureReason.GPU_HANG:
+        for job_id, live in self.engine.table.live.items():
+            if card in live.cards and live.kill is not FailureReason.GPU_HANG:
                 evidence = self._evidence([fault])
-                assert self.sched.tg is not None
-                self.sched.tg.start_soon(self.abort_hung, r, card, evidence)
-        self._reclassify_recent(fault)
+                self._command(HangSeen(job_id, card, evidence, self.machine(card, line.at)))
+        self._reclassify_recent(fault, line.at)
 
     def card_for(self, cls: Classification, device: str | None = None) -> int | None:
         """By bus id (the line's own, else the device the kernel filed it under); a line
@@ -135,56 +163,55 @@ class HangWatcher:
             "xid": faults[-1].cls.xid,
         }
 
-    # ---- acting on a hang -------------------------------------------------------------
+    # ---- evidence ---------------------------------------------------------------------
 
-    async def abort_hung(self, r: Running, card: int, evidence: dict[str, Any]) -> None:
-        """Kill the tree, wait for every process to be gone, re-probe the card: all under
-        the deadman, since each step can block forever on a wedged driver."""
-        assert self.attempts is not None
-        backend = self.monitor.backend
-        self.monitor.recovering.add(card)
-        self.monitor.on_change()
-        try:
-            await self.attempts.stop(
-                r, FailureReason.GPU_HANG, evidence, after_kill=lambda: backend.query(card)
-            )
-        finally:
-            self.monitor.recovering.discard(card)
-            self.monitor.on_change()
+    def machine(self, card: int | None, at: float | None = None) -> dict[str, Any]:
+        """The readings of a hang record, taken when the hang is seen (before any abort)."""
+        info = self.monitor.cards[card] if card is not None else None
+        mem = read_meminfo()
+        return {
+            "gpu": card,
+            "at": iso_from_epoch(at) if at is not None else now_iso(),
+            "pci_bus_id": info.pci_bus_id if info else None,
+            "driver_version": info.driver_version if info else None,
+            "host_mem_available_mb": mem.available_mb,
+            "swap_used_mb": mem.swap_used_mb,
+            "vram_used_mb": info.vram_used_mb if info else None,
+        }
 
-    async def watchdog_hang(self, r: Running, evidence: dict[str, Any]) -> None:
-        log.warning("no progress at idle GPU: treating as a hang", job_id=r.job_id, **evidence)
-        await self.abort_hung(r, r.cards[0], evidence)
+    def watchdog_hang(self, job_id: int, card: int, evidence: dict[str, Any]) -> HangSeen:
+        log.warning("no progress at idle GPU: treating as a hang", job_id=job_id, **evidence)
+        return HangSeen(job_id, card, evidence, self.machine(card))
 
-    def hang_evidence(self, r: Running) -> dict[str, Any] | None:
+    def hang_evidence(self, cards: tuple[int, ...], since: float) -> dict[str, Any] | None:
         now = time.monotonic()
         # Lines from before this attempt began were about whoever had the card then.
         near = [
             f
             for f in self.faults
-            if f.card in r.cards and now - f.mono <= self.window_s and f.mono >= r.started_mono
+            if f.card in cards and now - f.mono <= self.window_s and f.mono >= since
         ]
         return self._evidence(near) if near else None
 
-    async def wait_for_fault(self, r: Running) -> dict[str, Any] | None:
+    async def wait_for_fault(self, cards: tuple[int, ...], since: float) -> dict[str, Any] | None:
         """A failed GPU job may have died of a reset whose line is still on its way."""
-        if not r.cards:
+        if not cards:
             return None
         with anyio.move_on_after(min(EXIT_GRACE_S, self.window_s)):
-            while (found := self.hang_evidence(r)) is None:
+            while (found := self.hang_evidence(cards, since)) is None:
                 await self.fault_seen.wait()
             return found
         return None
 
-    def oom_evidence(self, r: Running, status: ExitStatus) -> str | None:
+    def oom_evidence(self, p: Proc, status: ExitStatus) -> str | None:
         if status.signal != signal.SIGKILL:
             return None
-        pids = set(r.handle.known) | {r.handle.pid} if r.handle else set()
+        pids = set(p.handle.known) | {p.handle.pid}
         if pids & set(self.oom_pids):
             return "kernel_log"
-        if self.cgroup is not None and r.oom_kills_at_start is not None:
+        if self.cgroup is not None and p.oom_kills_at_start is not None:
             count = oom_kill_count(self.cgroup)
-            if count is not None and count > r.oom_kills_at_start:
+            if count is not None and count > p.oom_kills_at_start:
                 return "cgroup_oom_kill"
         if time.monotonic() - self.squeezed_at < 5.0:
             return "memory_squeeze"
@@ -194,67 +221,23 @@ class HangWatcher:
         return oom_kill_count(self.cgroup) if self.cgroup is not None else None
 
     def note_memory(self, available_mb: int) -> None:
-        threshold = self.cfg.host_memory.squeeze_below_mb(self.sched.mem_total_mb)
+        threshold = self.cfg.host_memory.squeeze_below_mb(self.mem_total_mb)
         if available_mb < threshold:
             self.squeezed_at = time.monotonic()
 
     # ---- after an attempt ---------------------------------------------------------------
 
-    def on_attempt_end(self, job: Job, r: Running) -> None:
-        reason = r.attempt.reason
-        if reason == FailureReason.GPU_HANG.value:
-            assert self.sched.tg is not None
-            self.sched.tg.start_soon(self.record, job, r.attempt)
-        elif reason in ("exit_nonzero", "signal") and r.cards:
-            self.failures.append((time.monotonic(), job.id, r.attempt.n, r.cards))
+    def on_attempt_end(self, ev: AttemptEnded) -> None:
+        if ev.attempt.reason in ("exit_nonzero", "signal") and ev.cards:
+            self.failures.append((time.monotonic(), ev.job.id, ev.attempt, ev.cards))
 
-    async def record(self, job: Job, attempt: Attempt) -> None:
-        """A hang record: the attempt (its card, evidence) and the machine at this moment."""
-        card = attempt.gpus[0] if attempt.gpus else None
-        info = self.monitor.cards[card] if card is not None else None
-        mem = read_meminfo()
-        await self.sched.store.record_hang(
-            {
-                "job": job.id,
-                "attempt": attempt.n,
-                "gpu": card,
-                "pci_bus_id": info.pci_bus_id if info else None,
-                "driver_version": info.driver_version if info else None,
-                "at": now_iso(),
-                "evidence": attempt.evidence,
-                "host_mem_available_mb": mem.available_mb,
-                "swap_used_mb": mem.swap_used_mb,
-                "vram_used_mb": info.vram_used_mb if info else None,
-                "labels": dict(job.spec.labels),
-            }
-        )
-
-    def _reclassify_recent(self, fault: Fault) -> None:
-        """An exit that came before its card's reset line is a hang too, if its job is
-        still queued for a retry: the retry moves from the ordinary to the hang budget."""
-        for mono, job_id, n, cards in list(self.failures):
+    def _reclassify_recent(self, fault: Fault, at: float) -> None:
+        """An exit that came before its card's reset line is a hang too; the engine
+        decides whether it is still time to say so (its job queued for that retry)."""
+        for item in list(self.failures):
+            mono, job_id, attempt, cards = item
             if fault.card not in cards or fault.mono - mono > self.window_s:
                 continue
-            job = self.sched.jobs.get(job_id)
-            if job is None or job.state is not JobState.QUEUED or job.attempts != n:
-                continue
-            self.failures.remove((mono, job_id, n, cards))
-            assert self.sched.tg is not None
-            self.sched.tg.start_soon(self._reclassify, job, n, self._evidence([fault]))
-
-    async def _reclassify(self, job: Job, n: int, evidence: dict[str, Any]) -> None:
-        fixed = dataclasses.replace(
-            job,
-            reason=FailureReason.GPU_HANG,
-            ordinary_used=max(0, job.ordinary_used - 1),
-            gpu_hang_used=job.gpu_hang_used + 1,
-        )
-        store = self.sched.store
-        attempts = await store.attempts(job.id)
-        attempt = next(a for a in attempts if a.n == n)
-        ended = dataclasses.replace(attempt, reason=FailureReason.GPU_HANG.value, evidence=evidence)
-        message = f"attempt {n} reclassified as gpu_hang: a reset line for its GPU followed"
-        await store.save(fixed, now_iso(), Event("gpu_hang", message), ended_attempt=ended)
-        self.sched.put(fixed)
-        await self.record(fixed, ended)
-        self.reclassified(fixed, ended)
+            self.failures.remove(item)
+            evidence = self._evidence([fault])
+            self._command(Reclassify(job_id, attempt, evidence, self.machine(fault.card, at)))

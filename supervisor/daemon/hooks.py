@@ -6,7 +6,7 @@ its own session, and its whole process group is killed when it outlives
 
 `on_finish` fires once per job, when it reaches a terminal state: after its last attempt
 (`Hooks.after_attempt`), or without any attempt when it is cancelled while queued or one
-of its dependencies fails (`Hooks.on_change`, a scheduler observer). `on_gpu_hang` fires
+of its dependencies fails (`Hooks.on_change`). `on_gpu_hang` fires
 after every attempt that ended as `gpu_hang`, retried or not.
 """
 
@@ -24,13 +24,15 @@ import anyio
 import anyio.abc
 import structlog
 
+from supervisor.core.commands import AttemptEnded, Changed
 from supervisor.core.jobs import FailureReason, Job, JobState
 from supervisor.daemon import views
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import HooksConfig
 
 if TYPE_CHECKING:
-    from supervisor.daemon.scheduler import Scheduler
-    from supervisor.daemon.store import Attempt
+    from supervisor.core.records import Attempt
+    from supervisor.daemon.membook import MemoryBook
 
 log = structlog.get_logger("gpusvd.hooks")
 STDERR_KEPT = 4096  # bytes of a failing hook's stderr that go to the log
@@ -49,26 +51,33 @@ def due(
 
 
 class Hooks:
-    def __init__(self, cfg: HooksConfig, sched: Scheduler) -> None:
+    def __init__(self, cfg: HooksConfig, book: MemoryBook, broker: Broker) -> None:
         self.cfg = cfg
-        self.sched = sched
+        self.book = book
+        self.due = broker.stream(AttemptEnded, Changed)
 
-    def after_attempt(self, job: Job, attempt: Attempt) -> None:
-        """An attempt was recorded; `job` is its job as it now stands."""
-        self._start(due(self.cfg, job, attempt.reason), job, attempt)
-
-    def on_change(self, old: Job | None, new: Job) -> None:
-        """A job that ends while queued has no attempt to report its end."""
-        if old is not None and old.state is JobState.QUEUED and new.state.terminal:
-            self._start(due(self.cfg, new, None), new, None)
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            async for ev in self.due:
+                if isinstance(ev, AttemptEnded):
+                    self._start(tg, due(self.cfg, ev.job, ev.attempt.reason), ev.job, ev.attempt)
+                elif (
+                    ev.old is not None and ev.old.state is JobState.QUEUED and ev.new.state.terminal
+                ):
+                    # A job that ends while queued has no attempt to report its end.
+                    self._start(tg, due(self.cfg, ev.new, None), ev.new, None)
 
     def _start(
-        self, hooks: list[tuple[str, tuple[str, ...]]], job: Job, attempt: Attempt | None
+        self,
+        tg: anyio.abc.TaskGroup,
+        hooks: list[tuple[str, tuple[str, ...]]],
+        job: Job,
+        attempt: Attempt | None,
     ) -> None:
-        tg = self.sched.tg
-        if not hooks or tg is None:
+        if not hooks:
             return
-        payload = views.job_json(job, host_memory=self.sched.projection(job.spec))
+        payload = views.job_json(job, host_memory=self.book.projection(job.spec))
         payload["attempt"] = attempt.to_json() if attempt is not None else None
         for name, argv in hooks:
             tg.start_soon(run_hook, name, argv, payload, self.cfg.timeout_s)

@@ -288,7 +288,7 @@ class Metrics:
         self._changed: anyio.Event | None = None
 
     def observe_job(self, old: Job | None, new: Job) -> None:
-        """Scheduler observer: time first dispatches, and refresh after state changes."""
+        """Told of every job change: time first dispatches, and refresh after state changes."""
         if old is None or old.state is new.state:
             return
         if self._changed is not None:

@@ -9,7 +9,7 @@ named in the log as needing a restart. A config that does not load changes nothi
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -17,7 +17,24 @@ from supervisor.daemon.config import Config, ConfigError
 from supervisor.daemon.server import connection_cap
 
 if TYPE_CHECKING:
-    from supervisor.daemon.app import Parts
+    from collections.abc import Callable
+
+    from supervisor.daemon.access import Access
+    from supervisor.daemon.api import Api
+    from supervisor.daemon.hooks import Hooks
+    from supervisor.daemon.server import Server
+
+
+class Parts(Protocol):
+    """What a reload changes (the daemon's parts)."""
+
+    cfg: Config
+    api: Api
+    hooks: Hooks
+    access: Access
+    server: Server
+    load_config: Callable[[], Config] | None
+
 
 log = structlog.get_logger("gpusvd")
 
@@ -56,6 +73,7 @@ def apply(parts: Parts) -> None:
     cfg, applied, restart = plan(parts.cfg, loaded)
     parts.cfg = parts.api.cfg = cfg
     parts.hooks.cfg = cfg.hooks
+    parts.access.admin_group = cfg.admin_group
     parts.server.max_connections = connection_cap(cfg.limits.max_connections)
     parts.server.max_per_user = cfg.limits.max_connections_per_user
     parts.server.idle_timeout_s = cfg.limits.idle_timeout_s

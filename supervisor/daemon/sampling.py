@@ -4,7 +4,6 @@ the no-progress watchdog. One pass over /proc per interval for all jobs, off the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -13,9 +12,13 @@ import anyio
 import anyio.abc
 import structlog
 
-from supervisor.core.jobs import FailureReason, Job
-from supervisor.daemon import joblogs, oom
+from supervisor.core.commands import Progress, Stop
+from supervisor.core.jobs import FailureReason
+from supervisor.core.oom import squeeze_victims
+from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
+from supervisor.daemon.config import Config
+from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import TreeSampler, read_meminfo
 from supervisor.daemon.runner import reap_orphans
 from supervisor.faults.cputime import cpu_seconds
@@ -27,10 +30,10 @@ from supervisor.faults.watchdog import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.daemon.attempts import AttemptRunner
+    from supervisor.daemon.attempts import Proc, Runner
     from supervisor.daemon.gpu_monitor import GpuMonitor
     from supervisor.daemon.hangs import HangWatcher
-    from supervisor.daemon.scheduler import Running, Scheduler
+    from supervisor.daemon.scheduler import Dispatcher
 
 log = structlog.get_logger("gpusvd.sampler")
 READ_LIMIT = 256 * 1024  # new output scanned for the progress regex, per pass
@@ -39,16 +42,21 @@ READ_LIMIT = 256 * 1024  # new output scanned for the progress regex, per pass
 class Sampler:
     def __init__(
         self,
-        sched: Scheduler,
-        attempts: AttemptRunner,
+        cfg: Config,
+        engine: Engine,
+        runner: Runner,
+        dispatcher: Dispatcher,
         monitor: GpuMonitor,
         hangs: HangWatcher,
     ) -> None:
-        self.sched = sched
-        self.attempts = attempts
+        self.engine = engine
+        self.table = engine.table
+        self.runner = runner
+        self.dispatcher = dispatcher
         self.monitor = monitor
         self.hangs = hangs
-        self.cfg = sched.cfg.host_memory
+        self.cfg = cfg.host_memory
+        self.max_log = cfg.logs.max_size
         self.tree = TreeSampler()
         self.offsets: dict[tuple[int, int], int] = {}
         self.cpu_s = 0.0
@@ -57,7 +65,7 @@ class Sampler:
         task_status.started()
         while True:
             await anyio.sleep(self.cfg.sample_interval_s)
-            if not self.sched.running:
+            if not self.runner.procs:
                 continue
             start = time.thread_time()
             try:
@@ -67,13 +75,13 @@ class Sampler:
             self.cpu_s += time.thread_time() - start
 
     async def pass_once(self) -> None:
-        running = [r for r in self.sched.running.values() if r.handle is not None]
-        roots = {r.job_id: r.handle.pid for r in running if r.handle}
-        known = {r.job_id: list(r.handle.known) for r in running if r.handle}
+        running = list(self.runner.procs.values())
+        roots = {r.job_id: r.handle.pid for r in running}
+        known = {r.job_id: list(r.handle.known) for r in running}
         samples = await anyio.to_thread.run_sync(self.tree.sample, roots, known)
         for r in running:
             s = samples.get(r.job_id)
-            if s is None or r.handle is None:
+            if s is None:
                 continue
             r.rss_mb = s.rss_mb
             r.peak_rss_mb = max(r.peak_rss_mb, s.rss_mb)
@@ -83,32 +91,30 @@ class Sampler:
         await self._squeeze(meminfo.available_mb)
         await self._watchdog(running)
         await self._limits(running)
-        leaders = {r.handle.pid for r in self.sched.running.values() if r.handle}
+        leaders = {r.handle.pid for r in self.runner.procs.values()}
         reap_orphans(leaders)
-        if self.sched.held_counts():
-            self.sched.poke()  # the ledger moved: held jobs may fit now
+        if self.table.held_counts():
+            self.dispatcher.poke()  # the ledger moved: held jobs may fit now
 
     async def _squeeze(self, available_mb: int) -> None:
         """Stop the newest jobs before the kernel has to choose, and before the box thrashes."""
-        threshold = self.cfg.squeeze_below_mb(self.sched.mem_total_mb)
+        threshold = self.cfg.squeeze_below_mb(self.dispatcher.mem_total_mb)
         if available_mb >= threshold:
             return
         candidates = [
             (r.job_id, r.seq, r.rss_mb)
-            for r in self.sched.running.values()
-            if r.kill_reason is None and r.handle is not None
+            for r in self.runner.procs.values()
+            if self._kill_of(r.job_id) is None
         ]
         # Jobs already being stopped hold their memory through the kill grace, and a dying
         # one reads as empty before MemAvailable shows what it gave back: their peaks count
         # as on the way back, or every pass would stop one more job meanwhile.
         stopping_mb = sum(
-            r.peak_rss_mb
-            for r in self.sched.running.values()
-            if r.kill_reason is not None and r.handle is not None
+            r.peak_rss_mb for r in self.runner.procs.values() if self._kill_of(r.job_id) is not None
         )
-        victims = oom.squeeze_victims(available_mb + stopping_mb, threshold, candidates)
+        victims = squeeze_victims(available_mb + stopping_mb, threshold, candidates)
         for job_id in victims:
-            r = self.sched.running[job_id]
+            r = self.runner.procs[job_id]
             evidence = {
                 "source": "squeeze_guard",
                 "mem_available_mb": available_mb,
@@ -116,41 +122,44 @@ class Sampler:
                 "rss_mb": r.rss_mb,
             }
             log.warning("squeeze guard stops the newest job", job_id=job_id, **evidence)
-            assert self.sched.tg is not None
-            self.sched.tg.start_soon(self.attempts.stop, r, FailureReason.OOM_KILLED, evidence)
+            await self.engine.do(Stop(job_id, FailureReason.OOM_KILLED, evidence))
 
-    async def _limits(self, running: list[Running]) -> None:
+    async def _limits(self, running: list[Proc]) -> None:
         """Wall-time limits (--time), and the size cap of the jobs' logs."""
         now = time.time()
         for r in running:
-            job = self.sched.jobs.get(r.job_id)
+            job, live = self.table.jobs.get(r.job_id), self.table.live.get(r.job_id)
             limit = job.spec.time_limit_s if job else None
-            if limit and r.kill_reason is None and past_limit(r.attempt.started_at, limit, now):
+            if not limit or live is None or live.kill is not None:
+                continue
+            if past_limit(live.attempt.started_at, limit, now):
                 log.info("wall-time limit reached", job_id=r.job_id, limit_s=limit)
                 evidence = {"source": "time_limit", "limit_s": limit}
-                assert self.sched.tg is not None
-                self.sched.tg.start_soon(self.attempts.stop, r, FailureReason.TIMEOUT, evidence)
-        cap = self.sched.cfg.logs.max_size
+                await self.engine.do(Stop(r.job_id, FailureReason.TIMEOUT, evidence))
         for r in running:
-            for path in self.attempts.log_paths(r.job_id):
+            for path in self.runner.log_paths(r.job_id):
                 with contextlib.suppress(OSError):
-                    if os.stat(path).st_size > cap:
-                        cut = await anyio.to_thread.run_sync(joblogs.cap, path, cap)
+                    if os.stat(path).st_size > self.max_log:
+                        cut = await anyio.to_thread.run_sync(joblogs.cap, path, self.max_log)
                         log.info("job log cut", job_id=r.job_id, path=str(path), bytes=cut)
 
-    def _progress(self, r: Running, now: float) -> ProgressTracker:
-        job = self.sched.jobs.get(r.job_id)
+    def _kill_of(self, job_id: int) -> FailureReason | None:
+        live = self.table.live.get(job_id)
+        return live.kill if live is not None else None
+
+    def _progress(self, r: Proc, now: float) -> ProgressTracker:
+        job = self.table.jobs.get(r.job_id)
         if r.tracker is None:
             regex = job.spec.progress_regex if job else None
             r.tracker = ProgressTracker(regex, r.started_mono)
-        out, err = self.attempts.log_paths(r.job_id)
+        out, err = self.runner.log_paths(r.job_id)
         for stream, path in ((0, out), (1, err)):
             try:
                 size = os.stat(path).st_size
             except OSError:
                 continue
-            key = (r.job_id * 2 + stream, r.attempt.n)
-            offset = self.offsets.setdefault(key, size if r.attempt.n > 1 else 0)
+            key = (r.job_id * 2 + stream, r.n)
+            offset = self.offsets.setdefault(key, size if r.n > 1 else 0)
             if size < offset:  # the log was cut (logs.max_size)
                 self.offsets[key] = offset = size
             if size > offset:
@@ -161,16 +170,16 @@ class Sampler:
                 self.offsets[key] = size
         return r.tracker
 
-    async def _watchdog(self, running: list[Running]) -> None:
+    async def _watchdog(self, running: list[Proc]) -> None:
         now = time.monotonic()
         for r in running:
-            job = self.sched.jobs.get(r.job_id)
+            job = self.table.jobs.get(r.job_id)
             if job is None:
                 continue
             tracker = self._progress(r, now)
             if tracker.last_match and tracker.last_match != job.progress:
-                self.sched.jobs[r.job_id] = job = _with_progress(job, tracker.last_match)
-            if not r.cards or r.kill_reason is not None:
+                await self.engine.do(Progress(r.job_id, tracker.last_match))
+            if not r.cards or self._kill_of(r.job_id) is not None:
                 continue
             util = job_utilization([self.monitor.cards[c].utilization_pct for c in r.cards])
             tracker.on_utilization(util, now, _tree_cpu_s(r))
@@ -180,8 +189,8 @@ class Sampler:
             if ruling != "ok":
                 evidence = watchdog_evidence(tracker.state(), ruling, now, timeout, stall)
                 evidence["cpu_percent"] = _cpu_percent(r)
-                await self.hangs.watchdog_hang(r, evidence)
-        for key in [k for k in self.offsets if k[0] // 2 not in self.sched.running]:
+                await self.engine.do(self.hangs.watchdog_hang(r.job_id, r.cards[0], evidence))
+        for key in [k for k in self.offsets if k[0] // 2 not in self.runner.procs]:
             del self.offsets[key]
 
 
@@ -190,25 +199,19 @@ def past_limit(started_at: str, limit_s: float, now: float) -> bool:
     return now - epoch_from_iso(started_at) > limit_s
 
 
-def _with_progress(job: Job, match: str) -> Job:
-    return dataclasses.replace(job, progress=match)
-
-
 def _read(path: Any, start: int, end: int) -> str:
     with open(path, "rb") as fh:
         fh.seek(max(start, end - READ_LIMIT))
         return fh.read(end - start).decode("utf-8", "replace")
 
 
-def _tree_cpu_s(r: Running) -> float | None:
+def _tree_cpu_s(r: Proc) -> float | None:
     """CPU seconds the job's processes have used, for the watchdog's idle rule."""
-    if r.handle is None:
-        return None
     return cpu_seconds({r.handle.pid, *r.handle.known})
 
 
-def _cpu_percent(r: Running) -> float | None:
-    if r.handle is None or r.handle.leader is None:
+def _cpu_percent(r: Proc) -> float | None:
+    if r.handle.leader is None:
         return None
     try:
         times = r.handle.leader.cpu_times()

@@ -54,6 +54,10 @@ REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cu
 _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
+async def _nothing(_peer: Peer) -> None:
+    return None
+
+
 def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
@@ -151,8 +155,8 @@ class Server:
         self.by_uid: dict[int, int] = {}
         self.me = os.getpid()
         self.serial = 0
-        # Told of every admitted connection's end (sync: it may only schedule work).
-        self.on_close: Callable[[Peer], None] = lambda _peer: None
+        # Told of every admitted connection's end.
+        self.on_close: Callable[[Peer], Awaitable[None]] = _nothing
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await bind(self.path, self.mode, self.group)
@@ -244,7 +248,7 @@ class Server:
         try:
             await self._requests(conn, peer)
         finally:
-            self.on_close(peer)
+            await self.on_close(peer)
 
     async def _requests(self, conn: anyio.abc.SocketStream, peer: Peer) -> None:
         reader = BufferedByteReceiveStream(conn)

@@ -15,6 +15,7 @@ import anyio
 import structlog
 
 from supervisor.core.jobs import Job, JobSpec
+from supervisor.core.records import Attempt, Event
 from supervisor.daemon.store_guard import (
     IdMark,
     StoreOpenError,
@@ -27,8 +28,6 @@ from supervisor.daemon.store_schema import (
     INSERT_EVENT,
     JOB_COLUMNS,
     UPDATE_JOB,
-    Attempt,
-    Event,
     MemRow,
     _event_params,
     _finish_attempt,
@@ -184,29 +183,6 @@ class Store(Writer):
 
         await self.write(op)
 
-    async def record_hang(self, row: dict[str, Any]) -> None:
-        async def op(db: aiosqlite.Connection) -> None:
-            await db.execute(
-                "INSERT INTO hangs (job_id, attempt, gpu, pci_bus_id, driver_version, at, "
-                "evidence, host_mem_available_mb, swap_used_mb, vram_used_mb, labels) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    row.get("job"),
-                    row.get("attempt"),
-                    row.get("gpu"),
-                    row.get("pci_bus_id"),
-                    row.get("driver_version"),
-                    row["at"],
-                    json.dumps(row.get("evidence")),
-                    row.get("host_mem_available_mb"),
-                    row.get("swap_used_mb"),
-                    row.get("vram_used_mb"),
-                    json.dumps(row.get("labels") or {}),
-                ),
-            )
-
-        await self.write(op)
-
     async def add_daemon_event(self, at: str, kind: str, data: dict[str, Any]) -> None:
         async def op(db: aiosqlite.Connection) -> None:
             await db.execute(
@@ -307,7 +283,7 @@ class Store(Writer):
     async def hangs(self, limit: int = 1000) -> list[dict[str, Any]]:
         rows = await self._all(
             "SELECT job_id, attempt, gpu, pci_bus_id, driver_version, at, evidence, "
-            "host_mem_available_mb, swap_used_mb, vram_used_mb, labels FROM hangs "
+            "host_mem_available_mb, swap_used_mb, vram_used_mb, labels, name, frame FROM hangs "
             "ORDER BY id DESC LIMIT ?",
             (limit,),
         )
@@ -323,6 +299,8 @@ class Store(Writer):
             "swap_used_mb",
             "vram_used_mb",
             "labels",
+            "name",
+            "frame",
         )
         out = []
         for r in reversed(rows):

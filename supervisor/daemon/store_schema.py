@@ -14,8 +14,9 @@ from typing import Any
 import aiosqlite
 
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
+from supervisor.core.records import Attempt, Event
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -96,55 +97,18 @@ MIGRATIONS: dict[int, str] = {
     """,
     # The cards' UUIDs beside their indices: an index is only the daemon's number.
     2: "ALTER TABLE attempts ADD COLUMN gpu_uuids TEXT",
+    # A hang record names its job and the frame it had reached (its last progress match).
+    3: """
+    ALTER TABLE hangs ADD COLUMN name TEXT;
+    ALTER TABLE hangs ADD COLUMN frame TEXT
+    """,
     # `gpusv hold`, and `gpusv clean`: a cleaned job leaves every listing, but its
     # attempts stay (memory history) and so does its row, which they reference.
-    3: """
+    4: """
     ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN cleaned_at TEXT;
     """,
 }
-
-
-@dataclass(frozen=True)
-class Attempt:
-    job_id: int
-    n: int
-    gpus: tuple[int, ...]
-    started_at: str
-    mem_key: str
-    mem_scale: float | None = None
-    pid: int | None = None
-    pid_start: float | None = None
-    ended_at: str | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str | None = None
-    peak_rss_mb: int | None = None
-    peak_vram_mb: int | None = None
-    evidence: dict[str, Any] | None = None
-    gpu_uuids: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n,
-            "gpus": list(self.gpus),
-            "gpu_uuids": list(self.gpu_uuids),
-            "pid": self.pid,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "peak_rss_mb": self.peak_rss_mb,
-            "evidence": self.evidence,
-        }
-
-
-@dataclass(frozen=True)
-class Event:
-    kind: str
-    message: str
-    data: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

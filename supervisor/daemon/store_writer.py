@@ -115,6 +115,10 @@ class Writer:
         finally:
             self._answering.discard(task)
 
+    def is_answering(self) -> bool:
+        """Whether the current task's next write would fail fast."""
+        return anyio.get_current_task().id in self._answering
+
     async def write(self, op: Op[T]) -> T:
         """Run op inside the next group transaction; return once it is committed."""
         task = anyio.get_current_task().id

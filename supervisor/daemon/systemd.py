@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -281,3 +282,20 @@ class StallDetector:
             threshold_s=self.threshold_s,
             stacks=thread_stacks(marks),
         )
+
+
+async def self_ping(socket: Path, board: HealthBoard, every_s: float) -> None:
+    """The server checks in only by answering a real client on its own socket: a wedged
+    accept loop or handler stops the pings to systemd. The server never refuses this
+    client (its pid is the daemon's): a flood of others must not stop the check-in."""
+    request = b'{"type":"ping"}\n'
+    while True:
+        with anyio.move_on_after(5.0):
+            try:
+                async with await anyio.connect_unix(socket) as conn:
+                    await conn.send(request)
+                    if (await conn.receive()).startswith(b'{"ok":true'):
+                        board.beat("server", time.monotonic())
+            except OSError as exc:
+                _logger(None).warning("cannot reach our own socket", error=str(exc))
+        await anyio.sleep(every_s)

@@ -23,7 +23,12 @@ from supervisor.gpus.health import card_problems
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from supervisor.daemon.app import Parts
+    from supervisor.daemon.access import Access
+    from supervisor.daemon.attempts import Runner
+    from supervisor.daemon.config import Config
+    from supervisor.daemon.engine import Engine
+    from supervisor.daemon.gpu_monitor import GpuMonitor
+    from supervisor.daemon.scheduler import Dispatcher
     from supervisor.daemon.store import Store
     from supervisor.daemon.systemd import HealthBoard
 
@@ -43,18 +48,29 @@ def last_beats(board: HealthBoard) -> dict[str, float | None]:
     return board.last_beats()
 
 
-def _owner_or_root(peer: Peer, job: Job) -> bool:
-    return peer.uid in (0, job.spec.owner_uid)
-
-
 class Telemetry:
-    def __init__(self, parts: Parts) -> None:
-        self.parts = parts
+    def __init__(
+        self,
+        cfg: Config,
+        engine: Engine,
+        dispatcher: Dispatcher,
+        runner: Runner,
+        monitor: GpuMonitor,
+        board: HealthBoard,
+        access: Access,
+    ) -> None:
+        self.cfg = cfg
+        self.store: Store = engine.store
+        self.table = engine.table
+        self.dispatcher = dispatcher
+        self.runner = runner
+        self.monitor = monitor
+        self.board = board
         self.started = time.monotonic()
         self.metrics = Metrics()
-        # Whose job text (name, argv) a peer may see; the daemon plugs in Api.may_act.
-        self.may_see: Callable[[Peer, Job], bool] = _owner_or_root
-        self.may_see_uid: Callable[[Peer, int], bool] = lambda peer, uid: peer.uid in (0, uid)
+        # Whose job text (name, argv) a peer may see.
+        self.may_see: Callable[[Peer, Job], bool] = access.may_act
+        self.may_see_uid: Callable[[Peer, int], bool] = access.may_see_uid
 
     def handlers(self) -> dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]]:
         return {
@@ -67,13 +83,13 @@ class Telemetry:
 
     def _running_by_card(self) -> dict[int, list[int]]:
         running: dict[int, list[int]] = {}
-        for r in self.parts.sched.running.values():
+        for job_id, r in self.table.live.items():
             for c in r.cards:
-                running.setdefault(c, []).append(r.job_id)
+                running.setdefault(c, []).append(job_id)
         return running
 
     async def gpus_json(self) -> list[dict[str, Any]]:
-        hangs = {k[0]: n for k, n in (await self.parts.store.hang_counts("gpu")).items()}
+        hangs = {k[0]: n for k, n in (await self.store.hang_counts("gpu")).items()}
         running = self._running_by_card()
         return [
             {
@@ -88,18 +104,18 @@ class Telemetry:
                 "driver_version": c.driver_version,
                 "health": c.health,
                 "mig": c.mig,
-                "allocation": self.parts.monitor.allocation,
+                "allocation": self.monitor.allocation,
                 "running_jobs": sorted(running.get(c.index, [])),
                 "gpu_hangs": hangs.get(c.index, 0),
             }
-            for c in self.parts.monitor.cards
+            for c in self.monitor.cards
         ]
 
     async def gpus(self, _peer: Peer) -> dict[str, Any]:
         return {"ok": True, "gpus": await self.gpus_json()}
 
     async def stats_json(self) -> dict[str, Any]:
-        store = self.parts.store
+        store = self.store
         hangs = await store.hangs(1000)
         jobs = {s.value: 0 for s in JobState}
         jobs.update(await store.count_by("state"))
@@ -111,9 +127,9 @@ class Telemetry:
             "gpu_hangs_by_card": await _counts(store, "gpu"),
             "gpu_hangs_by_driver": await _counts(store, "driver_version"),
             "gpu_hangs_by_job": await _counts(store, "job_id"),
-            "held": self.parts.sched.held_counts(),
+            "held": self.table.held_counts(),
             "deadman_fires": len(await store.daemon_events("deadman")),
-            "logs": await joblogs.disk_use(self.parts.cfg.state_dir / "logs"),
+            "logs": await joblogs.disk_use(self.cfg.state_dir / "logs"),
         }
 
     async def stats(self, peer: Peer) -> dict[str, Any]:
@@ -123,26 +139,25 @@ class Telemetry:
 
     async def visible_hangs(self, hangs: list[dict[str, Any]], peer: Peer) -> list[dict[str, Any]]:
         """A hang is a fact about the machine; its labels and evidence are the job's own."""
-        owners = await self.parts.store.owners({h["job"] for h in hangs if h["job"]})
+        owners = await self.store.owners({h["job"] for h in hangs if h["job"]})
         out = []
         for h in hangs:
             uid = owners.get(h["job"])
             if uid is None or not self.may_see_uid(peer, uid):
-                h = {**h, "labels": {}, "evidence": None}
+                h = {**h, "labels": {}, "evidence": None, "name": None, "frame": None}
             out.append(h)
         return out
 
     async def problems(self) -> list[str]:
-        parts = self.parts
-        problems = card_problems(parts.monitor.cards, parts.monitor.lost_why)
-        if parts.store.problem is not None:
-            problems.append(f"{parts.store.problem}; no job starts until it can")
-        if parts.sched.draining:
+        problems = card_problems(self.monitor.cards, self.monitor.lost_why)
+        if self.store.problem is not None:
+            problems.append(f"{self.store.problem}; no job starts until it can")
+        if self.dispatcher.draining:
             problems.append("gpusvd is draining (stopping)")
-        stale = parts.board.stale(time.monotonic())
+        stale = self.board.stale(time.monotonic())
         if stale:
             problems.append(f"services not checking in: {', '.join(stale)}")
-        fires = await parts.store.daemon_events("deadman")
+        fires = await self.store.daemon_events("deadman")
         if fires:
             age = time.time() - epoch_from_iso(fires[-1]["at"])
             if age < DEADMAN_RECENT_S:
@@ -151,14 +166,13 @@ class Telemetry:
 
     async def health(self, _peer: Peer) -> dict[str, Any]:
         problems = await self.problems()
-        health = {"ok": not problems, "problems": problems, "paused": self.parts.sched.paused}
+        health = {"ok": not problems, "problems": problems, "paused": self.dispatcher.paused}
         return {"ok": True, "health": health}
 
     # ---- metrics ------------------------------------------------------------------------
 
     def host_sample(self) -> HostSample:
-        sched = self.parts.sched
-        host, running = sched.host(), sched.running_use()
+        host, running = self.dispatcher.host(), self.dispatcher.running_use()
         return HostSample(
             limit_mb=host.limit_mb,
             available_mb=host.available_mb,
@@ -171,8 +185,7 @@ class Telemetry:
         )
 
     async def metrics_snapshot(self) -> Snapshot:
-        parts = self.parts
-        store, sched = parts.store, parts.sched
+        store, table = self.store, self.table
         running = self._running_by_card()
         counted = await store.hang_counts("gpu", "pci_bus_id", "driver_version")
         hangs = {(str(g), bus or "", drv or ""): n for (g, bus, drv), n in counted.items()}
@@ -190,19 +203,19 @@ class Telemetry:
                 running_jobs=len(running.get(c.index, [])),
                 uuid=c.uuid,
             )
-            for c in parts.monitor.cards
+            for c in self.monitor.cards
         )
         return Snapshot(
             jobs=await store.count_by("state"),
-            held={**sched.held_counts(), "dependency": len(sched.pending_deps)},
+            held={**table.held_counts(), "dependency": len(table.pending)},
             attempt_failures=await store.attempt_failures(),
             hangs=dict(hangs),
             cards=cards,
             host=self.host_sample(),
-            beats=last_beats(parts.board),
+            beats=last_beats(self.board),
             deadman_fires=len(await store.daemon_events("deadman")),
             problems=len(await self.problems()),
-            draining=sched.draining,
+            draining=self.dispatcher.draining,
             storage_ok=store.problem is None,
             storage_failures=store.failures,
         )
@@ -213,27 +226,27 @@ class Telemetry:
     async def serve_metrics(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        listen = self.parts.cfg.metrics_listen
+        listen = self.cfg.metrics_listen
         await self.metrics.serve(listen, self.metrics_snapshot, task_status=task_status)
 
     # ---- top ----------------------------------------------------------------------------
 
     def _running_json(self, peer: Peer) -> list[dict[str, Any]]:
-        sched = self.parts.sched
         out = []
-        for r in sched.running.values():
-            job = sched.jobs.get(r.job_id)
+        for job_id, r in self.table.live.items():
+            job = self.table.jobs.get(job_id)
             visible = job is not None and self.may_see(peer, job)
+            p = self.runner.procs.get(job_id)
             out.append(
                 {
-                    "id": r.job_id,
+                    "id": job_id,
                     "name": job.spec.name if job and visible else "",
                     "argv": list(job.spec.argv) if job and visible else [],
                     "gpus": list(r.cards),
                     "attempt": r.attempt.n,
-                    "runtime_s": round(time.monotonic() - r.started_mono, 1),
-                    "rss_mb": r.rss_mb,
-                    "peak_rss_mb": r.peak_rss_mb,
+                    "runtime_s": round(time.monotonic() - r.claimed_mono, 1),
+                    "rss_mb": p.rss_mb if p else 0,
+                    "peak_rss_mb": p.peak_rss_mb if p else 0,
                     "projected_mb": r.projection.projected_mb if r.projection else None,
                     "progress": job.progress if job and visible else None,
                 }
@@ -241,8 +254,7 @@ class Telemetry:
         return sorted(out, key=lambda j: j["id"])
 
     async def top(self, peer: Peer) -> dict[str, Any]:
-        sched = self.parts.sched
-        queued = [j for j in sched.jobs.values() if j.state is JobState.QUEUED]
+        queued = [j for j in self.table.jobs.values() if j.state is JobState.QUEUED]
         held = [
             {
                 "id": j.id,
@@ -257,9 +269,9 @@ class Telemetry:
             "running": self._running_json(peer),
             "held": held,
             "queued": len(queued),
-            "paused": sched.paused,
-            "recent_hangs": await self.visible_hangs(await self.parts.store.hangs(TOP_HANGS), peer),
+            "paused": self.dispatcher.paused,
+            "recent_hangs": await self.visible_hangs(await self.store.hangs(TOP_HANGS), peer),
             "host_memory": dataclasses.asdict(self.host_sample()),
             "problems": await self.problems(),
-            "draining": sched.draining,
+            "draining": self.dispatcher.draining,
         }

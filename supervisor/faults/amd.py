@@ -87,11 +87,14 @@ _HANG = _any(
     r"psp gfx command (?!LOAD_TA|INVOKE_CMD)\w+\(0x[0-9a-f]+\) failed",
     r"failed to (?:load|start|stop|terminate) (?:psp|the psp)",
     # MES queue and pipe resets, and the register waits MES runs for the driver.
-    r"reset via MES failed|try pipe reset|\breset (?:compute|gfx|sdma) queue\b|pipe reset",
+    r"reset via MES failed|\breset (?:compute|gfx|sdma) queue\b",
     r"reg_write_reg_wait|(?:Suspending|Resuming) all queues failed",
     r"\bcp is busy\b",
     # The SMU (power management firmware) no longer answering.
     r"failed (?:to )?send (?:pre )?message|SMU: No response|SMU is not responding",
+    r"Failed to (?:export SMU metrics table|disable smu features|get current clock freq)",
+    r"Fail(?:ed)? to disable dpm features",
+    r"\btry pipe reset\b|\bpipe reset (?:failed|begin|succeeded)",
 )
 _UNCORRECTABLE = re.compile(r"(?:(\d+) )?uncorrectable hardware error", re.I)
 

@@ -140,7 +140,12 @@ def _find_bus_id(message: str) -> str | None:
 
 
 _NVRM = re.compile(r"\bNVRM\b")
-_AMD = re.compile(r"amdgpu|\bkfd\b|\bradeon\b|\[(?:gfx|mm)hub\d*\]|UTCL2|VRAM is lost", re.I)
+# amdgpu's IP-block function names (FreeBSD prints them as "[drm ERROR :mes_v11_0_...]").
+_AMD = re.compile(
+    r"amdgpu|\bkfd\b|\bradeon\b|\[(?:gfx|mm)hub\d*\]|UTCL2|VRAM is lost"
+    r"|\b(?:mes|gfx|sdma|psp|gmc|smu|vcn)_v\d+_\d",
+    re.I,
+)
 # GSP firmware reports that the driver prints without its NVRM prefix.
 _NVIDIA = re.compile(r"nvidia|\bGSP task (?:watchdog|panic|exception)|GSP-CrashCat", re.I)
 # Plain "[drm]" lines that only the AMD driver prints.

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import pynvml
 import structlog
 
@@ -147,6 +148,9 @@ async def xid_event_lines(events: XidEvents) -> AsyncGenerator[KernelLine, None]
         await anyio.sleep_forever()
     finally:
         events.stop.set()
+        # Let the wait return and free its event set before NVML may be shut down.
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(thread.join, WAIT_MS / 1000 + 1)
 
 
 def nvml_xid_sources(backend: object) -> dict[str, AsyncGenerator[KernelLine, None]]:

@@ -56,6 +56,20 @@ def test_reset_line_fails_the_attempt_as_gpu_hang_and_reruns_on_the_same_card(
     print(f"kernel line -> gpu_hang recorded: {detected_s:.2f}s")
 
 
+def test_a_hang_record_names_the_job_and_the_frame_it_had_reached(daemon: Daemon) -> None:
+    script = 'if [ "$GPUSV_ATTEMPT" = 1 ]; then echo "Fra:17 Mem:1.2G"; sleep 300; fi'
+    job = daemon.submit("sh", "-c", script, name="shot-010", progress_regex=r"Fra:(\d+)", retries=0)
+    daemon.wait_for(lambda: daemon.show(job)["progress"] == "17", what="the frame reached")
+    daemon.append_kernel(XID_109_CARD0)
+    done = daemon.wait_done(job)
+    assert done["state"] == "succeeded"
+    (hang,) = json.loads(daemon.cli("stats", "--json").stdout)["gpu_hangs"]
+    assert (hang["job"], hang["name"], hang["frame"]) == (job, "shot-010", "17")
+    assert hang["host_mem_available_mb"] > 0
+    # Stamped when the line came, before the hung attempt's end was recorded.
+    assert hang["at"] <= done["attempts"][0]["ended_at"]
+
+
 def test_amd_ring_timeout_is_a_hang_too(daemon: Daemon) -> None:
     marker = daemon.root / "started"
     job = daemon.submit("sh", "-c", HANG_ONCE.format(marker=marker))

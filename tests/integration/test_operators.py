@@ -24,9 +24,14 @@ import anyio
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.core.jobs import JobSpec, JobState, transition
+from supervisor.core.commands import Ended, Submit
+from supervisor.core.jobs import ExitStatus, JobSpec
+from supervisor.core.outcome import Facts
+from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import load
-from supervisor.daemon.scheduler import Scheduler
+from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store import Store
 from supervisor.gpus.base import dcgm_bus_id
 from supervisor.gpus.simulated import simulated_uuid
@@ -359,25 +364,22 @@ def test_a_failed_parent_fails_its_children_and_grandchildren(
 async def test_no_dispatch_pass_starts_a_job_before_its_parents_are_known(
     tmp_path: Path,
 ) -> None:
-    """In process, on the real Scheduler and Store: a pass that runs while a submit is
-    still reading an ended parent from the store must not start the child."""
+    """In process, on the real engine, dispatch loop and Store: a pass that runs while a
+    submit is still reading an ended parent from the store must not start the child."""
     (tmp_path / "c.toml").write_text("cpu_slots = 4")
     flags = {"state_dir": str(tmp_path), "socket": str(tmp_path / "s")}
-    sched = Scheduler(load(tmp_path / "c.toml", flags=flags), await Store.open(tmp_path / "db"))
-
-    async def launch(job: Any, r: Any) -> None:
-        pass
-
-    sched.launch = launch
+    cfg = load(tmp_path / "c.toml", flags=flags)
+    store = await Store.open(tmp_path / "db")
+    broker = Broker()
+    engine = Engine(store, broker)
+    book = MemoryBook(store, broker, 0.0)
+    sched = Dispatcher(cfg, engine, book, broker, cards=list, rss_mb=lambda _: 0)
     spec = JobSpec(argv=("true",), cwd="/", env={}, owner_uid=0, owner_gid=0, gpus=0)
     async with anyio.create_task_group() as tg:
-        await tg.start(sched.store.run_writer)
-        sched.tg = tg
-        done, active = await sched.submit([spec, spec])
-        at = done.submitted_at
-        ended = transition(transition(done, JobState.RUNNING, at), JobState.SUCCEEDED, at)
-        await sched.store.save(ended, at, None)
-        sched.put(ended)
+        await tg.start(store.run_writer)
+        done, active = submitted_ids(await engine.do(Submit((spec, spec))))
+        await sched.dispatch_pass()  # both start
+        await engine.do(Ended(done, 1, Facts(ExitStatus(0, None))))
         submitted = anyio.Event()
 
         async def keep_dispatching() -> None:
@@ -386,14 +388,15 @@ async def test_no_dispatch_pass_starts_a_job_before_its_parents_are_known(
                 await anyio.sleep(0)
 
         tg.start_soon(keep_dispatching)
-        [child] = await sched.submit([dataclasses.replace(spec, after=(done.id, active.id))])
+        child_spec = dataclasses.replace(spec, after=(done, active))
+        [child] = submitted_ids(await engine.do(Submit((child_spec,))))
         submitted.set()
-        assert active.id in sched.running
-        assert child.id not in sched.running
-        assert sched.pending_deps[child.id] == {active.id}
-        assert sched.jobs[child.id].waiting_for == f"waiting for job {active.id}"
+        assert active in engine.table.live
+        assert child not in engine.table.live
+        assert engine.table.pending[child] == {active}
+        assert engine.table.jobs[child].waiting_for == f"waiting for job {active}"
         tg.cancel_scope.cancel()
-    await sched.store.close()
+    await store.close()
 
 
 def test_the_higher_priority_job_starts_first(daemon: Daemon, tmp_path: Path) -> None:

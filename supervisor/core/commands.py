@@ -1,0 +1,215 @@
+"""What goes into the engine's step and what comes out of it: commands (facts and
+requests, no decisions), writes (what the store commits, in one transaction) and actions
+(what the shell does once the writes are durable). Plain data, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from supervisor.core.admission import Hold, Start
+from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
+from supervisor.core.outcome import Facts
+from supervisor.core.projection import Projection
+from supervisor.core.records import Attempt, Event
+
+
+@dataclass(frozen=True)
+class Now:
+    wall: float  # epoch seconds: stamps and retry backoff
+    mono: float  # monotonic seconds: how long a job has been held
+
+    @property
+    def iso(self) -> str:
+        stamp = datetime.fromtimestamp(self.wall, UTC).isoformat(timespec="milliseconds")
+        return stamp.replace("+00:00", "Z")
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    specs: tuple[JobSpec, ...]
+    ended_parents: dict[int, JobState] = field(default_factory=dict)  # --after, not active
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One admission pass's plan: jobs to claim, holds to show."""
+
+    starts: tuple[Start, ...]
+    holds: tuple[Hold, ...]
+    projections: dict[int, Projection | None] = field(default_factory=dict)
+    uuids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the cards' UUIDs
+
+
+@dataclass(frozen=True)
+class Spawning:
+    """The runner is about to start a claimed attempt's process."""
+
+    job_id: int
+    n: int
+
+
+@dataclass(frozen=True)
+class Started:
+    job_id: int
+    n: int
+    pid: int
+    pid_start: float | None
+
+
+@dataclass(frozen=True)
+class Ended:
+    job_id: int
+    n: int
+    facts: Facts
+
+
+@dataclass(frozen=True)
+class Cancel:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Kill a running attempt for a reason of the daemon's: a hang, the squeeze guard, a
+    drain. `reprobe` is a card to query once the tree is gone."""
+
+    job_id: int
+    reason: FailureReason
+    evidence: dict[str, Any] | None = None
+    reprobe: int | None = None
+
+
+@dataclass(frozen=True)
+class Reclassify:
+    """A reset line for a card arrived after an attempt on it had ended."""
+
+    job_id: int
+    attempt: Attempt
+    evidence: dict[str, Any]
+    machine: dict[str, Any] = field(default_factory=dict)  # the hang record's readings
+
+
+@dataclass(frozen=True)
+class HangSeen:
+    """Hang evidence for a running attempt's card, with the machine read at that moment."""
+
+    job_id: int
+    card: int
+    evidence: dict[str, Any]
+    machine: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Progress:
+    job_id: int
+    match: str
+
+
+@dataclass(frozen=True)
+class HoldJob:
+    """`gpusv hold` (held=True) or `release` of a queued job, by that uid."""
+
+    job_id: int
+    held: bool
+    by_uid: int
+
+
+@dataclass(frozen=True)
+class Recover:
+    """Start-up: the active jobs as stored, with what the shell found of their attempts."""
+
+    jobs: tuple[Job, ...]
+    open_attempts: dict[int, Attempt]
+    killed: frozenset[int]  # jobs whose leftover processes were killed
+    ended_parents: dict[int, JobState]
+    next_id: int
+
+
+Command = (
+    Submit
+    | Dispatch
+    | Spawning
+    | Started
+    | Ended
+    | Cancel
+    | Stop
+    | Reclassify
+    | HangSeen
+    | Progress
+    | HoldJob
+    | Recover
+)
+
+
+# ---- writes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InsertJob:
+    job: Job
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    job: Job
+    at: str  # the events' stamp
+    events: tuple[Event, ...] = ()
+    new_attempt: Attempt | None = None
+    ended_attempt: Attempt | None = None
+
+
+@dataclass(frozen=True)
+class SetPid:
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class RecordHang:
+    row: dict[str, Any]
+
+
+Write = InsertJob | SaveJob | SetPid | RecordHang
+
+
+# ---- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spawn:
+    job: Job
+    attempt: Attempt
+    cards: tuple[int, ...]
+    seq: int  # dispatch order: the newest is the OOM killer's first victim
+
+
+@dataclass(frozen=True)
+class Kill:
+    job_id: int
+    reprobe: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessStarted:
+    job_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Changed:
+    old: Job | None
+    new: Job
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    job: Job  # as it now stands
+    attempt: Attempt  # closed
+    cards: tuple[int, ...]
+
+
+Action = Spawn | Kill | ProcessStarted | Changed | AttemptEnded

@@ -1,0 +1,396 @@
+"""The engine's step: every change of a job's state is decided here, and only here.
+
+`step(table, command, now)` reads the table and returns what changes (applied with
+`Table.apply` once committed), the writes to commit in one transaction, and the actions
+for the shell to perform after the commit. Pure: no I/O, no clock (time is `now`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from supervisor.core import outcome
+from supervisor.core.admission import Hold, Start
+from supervisor.core.commands import (
+    Action,
+    AttemptEnded,
+    Cancel,
+    Changed,
+    Command,
+    Dispatch,
+    Ended,
+    HangSeen,
+    HoldJob,
+    InsertJob,
+    Kill,
+    Now,
+    ProcessStarted,
+    Progress,
+    Reclassify,
+    RecordHang,
+    Recover,
+    SaveJob,
+    SetPid,
+    Spawn,
+    Spawning,
+    Started,
+    Stop,
+    Submit,
+    Write,
+)
+from supervisor.core.jobs import FailureReason, Job, JobState, transition
+from supervisor.core.outcome import Facts
+from supervisor.core.records import Attempt, Event
+from supervisor.core.table import Changes, Live, Phase, Table
+
+
+@dataclass
+class Step:
+    changes: Changes = field(default_factory=Changes)
+    writes: list[Write] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+
+class _Draft:
+    """The table as this step has changed it so far."""
+
+    def __init__(self, table: Table, now: Now) -> None:
+        self.t = table
+        self.now = now
+        self.out = Step()
+        self.c = self.out.changes
+
+    def job(self, job_id: int) -> Job | None:
+        return self.c.jobs.get(job_id) or self.t.jobs.get(job_id)
+
+    def live(self, job_id: int) -> Live | None:
+        if job_id in self.c.live:
+            return self.c.live[job_id]
+        return self.t.live.get(job_id)
+
+    def pending(self, job_id: int) -> frozenset[int] | None:
+        if job_id in self.c.pending:
+            return self.c.pending[job_id]
+        return self.t.pending.get(job_id)
+
+    def put(
+        self, job: Job, *events: Event, new: Attempt | None = None, end: Attempt | None = None
+    ) -> None:
+        old = self.job(job.id)
+        self.c.jobs[job.id] = job
+        if events or new is not None or end is not None:
+            self.out.writes.append(SaveJob(job, self.now.iso, events, new, end))
+        self.out.actions.append(Changed(old, job))
+        if job.state.terminal:
+            self._ended(job)
+
+    def _ended(self, job: Job) -> None:
+        """Tell the jobs that wait for this one: one fewer parent, or a failed one."""
+        self.c.pending[job.id] = None
+        for child in sorted(self.t.dependents.get(job.id, ())):
+            parents = self.pending(child)
+            if parents is None:
+                continue
+            if job.state is JobState.SUCCEEDED:
+                self.waiting_on(child, parents - {job.id})
+            else:
+                self.fail_dependency(child, job.id)
+
+    def waiting_on(self, job_id: int, parents: frozenset[int]) -> None:
+        job = self.job(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        self.c.pending[job_id] = parents or None
+        waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
+        self.c.jobs[job_id] = dataclasses.replace(job, waiting_for=waiting)
+
+    def fail_dependency(self, job_id: int, parent: int) -> None:
+        job = self.job(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        failed = transition(job, JobState.FAILED, self.now.iso, FailureReason.DEPENDENCY_FAILED)
+        self.put(failed, Event("dependency_failed", f"dependency {parent} did not succeed"))
+
+    def track(self, job: Job, ended: dict[int, JobState]) -> None:
+        """Wait for the parents still active; fail now if one ended without success."""
+        bad = [
+            p
+            for p in job.spec.after
+            if self.job(p) is None and ended.get(p, JobState.FAILED) is not JobState.SUCCEEDED
+        ]
+        if bad:
+            self.c.pending[job.id] = frozenset()  # never dispatched before it fails
+            self.fail_dependency(job.id, bad[0])
+            return
+        active = frozenset(p for p in job.spec.after if self.job(p) is not None)
+        self.c.dependents.extend((p, job.id) for p in active)
+        self.waiting_on(job.id, active)
+
+    def end(self, job: Job, live: Live, facts: Facts) -> None:
+        """Close the attempt as the facts say, and move the job on."""
+        done = outcome.end_of_attempt(job, live.attempt, facts, self.now.iso, self.now.wall)
+        self.c.live[job.id] = None
+        self.put(done.job, *done.events, end=done.attempt)
+        self.out.actions.append(AttemptEnded(done.job, done.attempt, live.cards))
+        if done.attempt.reason == FailureReason.GPU_HANG.value:
+            self.out.writes.append(hang_record(done.job, done.attempt, live.machine, self.now))
+
+
+def hang_record(
+    job: Job, attempt: Attempt, machine: dict[str, object] | None, now: Now
+) -> RecordHang:
+    """The job, its attempt and evidence, and the machine as read when the hang was seen."""
+    m = dict(machine or {})
+    return RecordHang(
+        {
+            **m,
+            "job": job.id,
+            "attempt": attempt.n,
+            "gpu": m.get("gpu", attempt.gpus[0] if attempt.gpus else None),
+            "at": m.get("at") or now.iso,
+            "evidence": attempt.evidence,
+            "labels": dict(job.spec.labels),
+            "name": job.spec.name or None,
+            "frame": job.progress,
+        }
+    )
+
+
+# ---- the commands -----------------------------------------------------------------------
+
+
+def _submit(d: _Draft, cmd: Submit) -> None:
+    first = d.t.next_id
+    d.c.next_id = first + len(cmd.specs)
+    jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(cmd.specs)]
+    for job in jobs:
+        d.c.jobs[job.id] = job
+        d.out.writes.append(InsertJob(job))
+        d.out.actions.append(Changed(None, job))
+        if job.spec.after:
+            d.c.pending[job.id] = frozenset()  # no dispatch before its parents are known
+    for job in jobs:
+        if job.spec.after:
+            d.track(job, cmd.ended_parents)
+
+
+def _dispatch(d: _Draft, cmd: Dispatch) -> None:
+    for hold in cmd.holds:
+        _hold(d, hold)
+    for start in cmd.starts:
+        _claim(d, start, cmd)
+
+
+def _hold(d: _Draft, hold: Hold) -> None:
+    """Show why a job waits; its `queue_wait` event is written once per wait, whatever
+    the blocker turns into meanwhile."""
+    job = d.job(hold.job_id)
+    if job is None or job.state is not JobState.QUEUED:
+        return
+    if hold.job_id not in d.t.held_since:
+        d.c.held_since[job.id] = d.now.mono
+    if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
+        job = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
+        d.c.jobs[job.id] = job
+    if job.id not in d.t.announced and job.id not in d.c.announced:
+        d.c.announced.add(job.id)
+        d.out.writes.append(
+            SaveJob(job, d.now.iso, (Event("queue_wait", hold.message, {"reason": hold.reason}),))
+        )
+
+
+def _claim(d: _Draft, start: Start, cmd: Dispatch) -> None:
+    job = d.job(start.job_id)
+    if job is None or job.state is not JobState.QUEUED or d.pending(job.id) is not None:
+        return
+    seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
+    d.c.seq = seq
+    attempt = Attempt(
+        job_id=job.id,
+        n=job.attempts + 1,
+        gpus=start.gpus,
+        started_at=d.now.iso,
+        mem_key=job.spec.mem_key,
+        mem_scale=job.spec.mem_scale,
+        gpu_uuids=cmd.uuids.get(job.id, ()),
+    )
+    started = transition(job, JobState.RUNNING, d.now.iso, gpus=start.gpus, attempts=attempt.n)
+    gpus = ",".join(map(str, start.gpus)) or "none"
+    event = Event("started", f"attempt {attempt.n} on GPUs {gpus}", {"gpus": list(start.gpus)})
+    d.put(started, event, new=attempt)
+    d.c.live[job.id] = Live(
+        attempt=attempt,
+        cards=start.gpus,
+        seq=seq,
+        phase=Phase.CLAIMED,
+        projection=cmd.projections.get(job.id),
+        vram_reserved_mb=start.vram_reserved_mb,
+        claimed_mono=d.now.mono,
+    )
+    d.out.actions.append(Spawn(started, attempt, start.gpus, seq))
+
+
+def _spawning(d: _Draft, cmd: Spawning) -> None:
+    live = d.live(cmd.job_id)
+    if live is not None and live.attempt.n == cmd.n and live.phase is Phase.CLAIMED:
+        d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.SPAWNING)
+
+
+def _started(d: _Draft, cmd: Started) -> None:
+    live = d.live(cmd.job_id)
+    if live is None or live.attempt.n != cmd.n:
+        return
+    attempt = dataclasses.replace(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
+    d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
+    d.out.writes.append(SetPid(attempt))
+    d.out.actions.append(ProcessStarted(cmd.job_id, cmd.pid))
+    if live.kill is not None:  # stopped while it was being started
+        d.out.actions.append(Kill(cmd.job_id))
+
+
+def _ended(d: _Draft, cmd: Ended) -> None:
+    job, live = d.job(cmd.job_id), d.live(cmd.job_id)
+    if job is None or live is None or live.attempt.n != cmd.n:
+        return
+    facts = cmd.facts
+    if live.kill is not None:
+        facts = dataclasses.replace(facts, killed_for=live.kill, kill_evidence=live.evidence)
+    if facts.hang is not None and live.machine is None:
+        live = dataclasses.replace(live, machine=facts.machine or {"at": d.now.iso})
+    d.end(job, live, facts)
+
+
+def _stop(
+    d: _Draft,
+    job_id: int,
+    reason: FailureReason,
+    evidence: dict[str, object] | None,
+    reprobe: int | None,
+    machine: dict[str, object] | None = None,
+) -> None:
+    """Kill the attempt for `reason`; one not yet being started ends here and now. A hang
+    replaces an earlier reason (it is the cause), but not a user's cancel; otherwise the
+    first reason stands."""
+    job, live = d.job(job_id), d.live(job_id)
+    if job is None or live is None:
+        return
+    replaces = reason is FailureReason.GPU_HANG and live.kill not in (
+        reason,
+        FailureReason.CANCELLED,
+    )
+    if live.kill is None or replaces:
+        live = dataclasses.replace(
+            live, kill=reason, evidence=evidence, machine=machine or live.machine
+        )
+        d.c.live[job_id] = live
+    elif live.kill is reason:
+        return  # already being stopped for this
+    if live.phase is Phase.CLAIMED:  # no process yet, nor will there be
+        d.end(job, live, Facts(status=None, killed_for=live.kill, kill_evidence=live.evidence))
+    elif live.phase is Phase.RUNNING:
+        d.out.actions.append(Kill(job_id, reprobe))
+
+
+def _cancel(d: _Draft, cmd: Cancel) -> None:
+    job = d.job(cmd.job_id)
+    if job is None:
+        return
+    if job.state is JobState.QUEUED:
+        cancelled = transition(job, JobState.CANCELLED, d.now.iso, FailureReason.CANCELLED)
+        d.put(cancelled, Event("cancelled", "cancelled while queued"))
+    elif job.state is JobState.RUNNING:
+        _stop(d, job.id, FailureReason.CANCELLED, None, None)
+
+
+def _reclassify(d: _Draft, cmd: Reclassify) -> None:
+    job = d.job(cmd.job_id)
+    fixed = outcome.reclassified(job, cmd.attempt, cmd.evidence) if job else None
+    if fixed is None:
+        return
+    d.put(fixed.job, *fixed.events, end=fixed.attempt)
+    d.out.writes.append(hang_record(fixed.job, fixed.attempt, cmd.machine, d.now))
+    cards = fixed.attempt.gpus
+    d.out.actions.append(AttemptEnded(fixed.job, fixed.attempt, cards))
+
+
+def _progress(d: _Draft, cmd: Progress) -> None:
+    job = d.job(cmd.job_id)
+    if job is not None and job.progress != cmd.match:
+        d.c.jobs[job.id] = dataclasses.replace(job, progress=cmd.match)
+
+
+def _hold_job(d: _Draft, cmd: HoldJob) -> None:
+    """Hold or release a queued job: it keeps its place; while held it does not start."""
+    job = d.job(cmd.job_id)
+    if job is None or job.state is not JobState.QUEUED or job.held == cmd.held:
+        return
+    note = f"held (gpusv release {job.id})" if cmd.held else None
+    if not cmd.held and d.pending(job.id):  # back to waiting for its parents
+        parents = ", ".join(map(str, sorted(d.pending(job.id) or ())))
+        note = f"waiting for job {parents}"
+    changed = dataclasses.replace(job, held=cmd.held, waiting_for=note, hold_reason=None)
+    kind = "held" if cmd.held else "released"
+    d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))
+
+
+def _recover(d: _Draft, cmd: Recover) -> None:
+    """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
+    is queued again as `interrupted` (charged to no budget), its attempt closed."""
+    d.c.next_id = max(cmd.next_id, d.t.next_id)
+    for job in cmd.jobs:
+        if job.state is JobState.RUNNING:
+            attempt = cmd.open_attempts.get(job.id)
+            message = "the daemon stopped while this attempt ran" + (
+                "; its leftover processes were killed" if job.id in cmd.killed else ""
+            )
+            requeued = transition(job, JobState.QUEUED, d.now.iso, FailureReason.INTERRUPTED)
+            end = None
+            if attempt is not None:
+                reason = FailureReason.INTERRUPTED.value
+                end = dataclasses.replace(attempt, ended_at=d.now.iso, reason=reason)
+            d.c.jobs[job.id] = requeued
+            d.out.writes.append(
+                SaveJob(requeued, d.now.iso, (Event("interrupted", message),), None, end)
+            )
+            job = requeued
+        d.c.jobs[job.id] = job
+        d.out.actions.append(Changed(None, job))
+        if job.hold_reason:  # announced before the restart: not evented again
+            d.c.announced.add(job.id)
+        if job.spec.after:
+            d.c.pending[job.id] = frozenset()
+    for job in cmd.jobs:
+        if job.spec.after:
+            d.track(d.job(job.id) or job, cmd.ended_parents)
+
+
+def step(table: Table, cmd: Command, now: Now) -> Step:
+    """Decide what `cmd` does to the table: its changes, writes and actions."""
+    d = _Draft(table, now)
+    match cmd:
+        case Submit():
+            _submit(d, cmd)
+        case Dispatch():
+            _dispatch(d, cmd)
+        case Spawning():
+            _spawning(d, cmd)
+        case Started():
+            _started(d, cmd)
+        case Ended():
+            _ended(d, cmd)
+        case Cancel():
+            _cancel(d, cmd)
+        case Stop():
+            _stop(d, cmd.job_id, cmd.reason, cmd.evidence, cmd.reprobe)
+        case HangSeen():
+            _stop(d, cmd.job_id, FailureReason.GPU_HANG, cmd.evidence, cmd.card, cmd.machine)
+        case Reclassify():
+            _reclassify(d, cmd)
+        case Progress():
+            _progress(d, cmd)
+        case HoldJob():
+            _hold_job(d, cmd)
+        case Recover():
+            _recover(d, cmd)
+    return d.out

@@ -1,0 +1,48 @@
+"""The records of a job's history: its attempts and its events. Plain data, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Attempt:
+    job_id: int
+    n: int
+    gpus: tuple[int, ...]
+    started_at: str
+    mem_key: str
+    mem_scale: float | None = None
+    pid: int | None = None
+    pid_start: float | None = None
+    ended_at: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    peak_rss_mb: int | None = None
+    peak_vram_mb: int | None = None
+    evidence: dict[str, Any] | None = None
+    gpu_uuids: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "gpus": list(self.gpus),
+            "gpu_uuids": list(self.gpu_uuids),
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "peak_rss_mb": self.peak_rss_mb,
+            "evidence": self.evidence,
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None

@@ -1,0 +1,123 @@
+"""The engine's table: every active job (queued or running), its live attempt, and the
+indexes a dispatch pass reads. Only the engine changes it, by applying what its step
+returned once the writes are committed; everyone else reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from supervisor.core.jobqueue import JobQueue
+from supervisor.core.jobs import FailureReason, Job, JobState
+from supervisor.core.projection import Projection
+from supervisor.core.records import Attempt
+
+
+class Phase(StrEnum):
+    CLAIMED = "claimed"  # cards booked and the attempt stored; no process yet
+    SPAWNING = "spawning"  # the runner is starting its process
+    RUNNING = "running"  # it has a process
+
+
+@dataclass(frozen=True)
+class Live:
+    """A job's current attempt, from its claim to its recorded end."""
+
+    attempt: Attempt
+    cards: tuple[int, ...]
+    seq: int  # dispatch order
+    phase: Phase
+    projection: Projection | None
+    vram_reserved_mb: int
+    claimed_mono: float
+    kill: FailureReason | None = None  # the daemon killed it, or will once it runs
+    evidence: dict[str, Any] | None = None
+    machine: dict[str, Any] | None = None  # readings for a hang record, taken at detection
+
+
+@dataclass
+class Changes:
+    """What one step changes; `Table.apply` makes it so."""
+
+    jobs: dict[int, Job] = field(default_factory=dict)
+    live: dict[int, Live | None] = field(default_factory=dict)
+    held_since: dict[int, float] = field(default_factory=dict)
+    announced: set[int] = field(default_factory=set)
+    pending: dict[int, frozenset[int] | None] = field(default_factory=dict)
+    dependents: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
+    seq: int | None = None
+    next_id: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.live or self.held_since or self.announced) or bool(
+            self.pending or self.dependents or self.seq is not None or self.next_id is not None
+        )
+
+
+class Table:
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}  # active jobs only
+        self.queue = JobQueue()  # the queued ones, in order
+        self.live: dict[int, Live] = {}
+        self.held_since: dict[int, float] = {}  # monotonic, per wait
+        self.announced: set[int] = set()  # its wait has its queue_wait event
+        self.pending: dict[int, frozenset[int]] = {}  # parents still to succeed
+        self.dependents: dict[int, set[int]] = {}
+        self.seq = 0
+        self.next_id = 1
+
+    def apply(self, c: Changes) -> list[tuple[Job | None, Job]]:
+        """Make the changes; returns (old, new) for every job that changed."""
+        changed = [(self._put(job), job) for job in c.jobs.values()]
+        for job_id, live in c.live.items():
+            if live is None:
+                self.live.pop(job_id, None)
+            else:
+                self.live[job_id] = live
+        for job_id, parents in c.pending.items():
+            if parents is None:
+                self.pending.pop(job_id, None)
+            else:
+                self.pending[job_id] = parents
+        for parent, child in c.dependents:
+            self.dependents.setdefault(parent, set()).add(child)
+        queued = [i for i in c.held_since if self._queued(i)]
+        self.held_since.update({i: c.held_since[i] for i in queued})
+        self.announced.update(i for i in c.announced if self._queued(i))
+        self.seq = c.seq if c.seq is not None else self.seq
+        self.next_id = c.next_id if c.next_id is not None else self.next_id
+        return changed
+
+    def _queued(self, job_id: int) -> bool:
+        job = self.jobs.get(job_id)
+        return job is not None and job.state is JobState.QUEUED
+
+    def _put(self, job: Job) -> Job | None:
+        old = self.jobs.get(job.id)
+        if old is not None and old.state is JobState.QUEUED and job.state is JobState.QUEUED:
+            self.jobs[job.id] = job  # the same wait: keep its place and its bookkeeping
+            if old.hold_reason != job.hold_reason or old.waiting_for != job.waiting_for:
+                self.queue.unsettle(old)
+                self.queue.set_hold(job.id, job.hold_reason)
+            return old
+        if old is not None and old.state is JobState.QUEUED:
+            self.queue.remove(old)
+            self.held_since.pop(job.id, None)
+            self.announced.discard(job.id)
+        if job.state is JobState.QUEUED:
+            self.jobs[job.id] = job
+            self.queue.add(job)
+        elif job.state is JobState.RUNNING:
+            self.jobs[job.id] = job
+        else:
+            self.jobs.pop(job.id, None)
+            self.live.pop(job.id, None)
+            self.pending.pop(job.id, None)
+            self.dependents.pop(job.id, None)
+        return old
+
+    def held_counts(self) -> dict[str, int]:
+        """Queued jobs by hold reason."""
+        return self.queue.held_counts()

@@ -1,0 +1,122 @@
+"""The engine's writes, committed as one transaction through the store's writer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+import structlog
+
+from supervisor.core.commands import InsertJob, RecordHang, SaveJob, SetPid, Write
+from supervisor.core.records import Event
+from supervisor.daemon.store import Store
+from supervisor.daemon.store_schema import (
+    INSERT_EVENT,
+    UPDATE_JOB,
+    _event_params,
+    _finish_attempt,
+    _insert_attempt,
+    _job_params,
+    _spec_json,
+)
+
+log = structlog.get_logger("gpusvd.events")
+SUBMITTED = Event("submitted", "submitted")
+LOGGED = 10  # event lines per commit; a big batch gets one line more
+
+INSERT_JOB = (
+    "INSERT INTO jobs (id, spec, env, owner_uid, mem_key, priority, state, submitted_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)"
+)
+INSERT_HANG = (
+    "INSERT INTO hangs (job_id, attempt, gpu, pci_bus_id, driver_version, at, evidence, "
+    "host_mem_available_mb, swap_used_mb, vram_used_mb, labels, name, frame) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+async def next_job_id(store: Store) -> int:
+    """One past the highest id ever handed out: deleted jobs, and ids the database lost
+    but the id mark kept, included (the store raised its sequence past them at open)."""
+    async with store.db.execute(
+        "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='jobs'), 0), "
+        "coalesce((SELECT max(id) FROM jobs), 0))"
+    ) as cur:
+        row = await cur.fetchone()
+    mark = store.ids.value if store.ids is not None else 0
+    return max(int(row[0] if row else 0), mark) + 1
+
+
+def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        row.get("job"),
+        row.get("attempt"),
+        row.get("gpu"),
+        row.get("pci_bus_id"),
+        row.get("driver_version"),
+        row["at"],
+        json.dumps(row.get("evidence")),
+        row.get("host_mem_available_mb"),
+        row.get("swap_used_mb"),
+        row.get("vram_used_mb"),
+        json.dumps(row.get("labels") or {}),
+        row.get("name"),
+        row.get("frame"),
+    )
+
+
+async def commit(store: Store, writes: Sequence[Write]) -> None:
+    """Commit every write in one transaction; raises if it did not commit."""
+    envs: dict[int, str] = {}  # a batch shares one env: encode it once
+
+    def job_row(w: InsertJob) -> tuple[Any, ...]:
+        spec = w.job.spec
+        env = envs.get(id(spec.env)) or envs.setdefault(id(spec.env), json.dumps(spec.env))
+        owner, key, prio, at = spec.owner_uid, spec.mem_key, spec.priority, w.job.submitted_at
+        return (w.job.id, _spec_json(spec), env, owner, key, prio, at)
+
+    inserts = [w for w in writes if isinstance(w, InsertJob)]
+    saves = [w for w in writes if isinstance(w, SaveJob)]
+    events = [_event_params(w.job.id, w.job.submitted_at, SUBMITTED) for w in inserts] + [
+        _event_params(w.job.id, w.at, ev) for w in saves for ev in w.events
+    ]
+
+    async def op(db: aiosqlite.Connection) -> None:
+        await db.executemany(INSERT_JOB, [job_row(w) for w in inserts])
+        if inserts and store.ids is not None:  # before the commit: ids never go back
+            store.ids.raise_to(max(w.job.id for w in inserts))
+        for w in saves:
+            if w.new_attempt is not None:
+                await _insert_attempt(db, w.new_attempt)
+            if w.ended_attempt is not None:
+                await _finish_attempt(db, w.ended_attempt)
+        await db.executemany(UPDATE_JOB, [_job_params(w.job) for w in saves])
+        await db.executemany(INSERT_EVENT, events)
+        for other in writes:
+            if isinstance(other, SetPid):
+                a = other.attempt
+                await db.execute(
+                    "UPDATE attempts SET pid=?, pid_start=? WHERE job_id=? AND n=?",
+                    (a.pid, a.pid_start, a.job_id, a.n),
+                )
+            elif isinstance(other, RecordHang):
+                await db.execute(INSERT_HANG, _hang_params(other.row))
+
+    await store.write(op)
+    _log(inserts, saves)
+
+
+def _log(inserts: Sequence[InsertJob], saves: Sequence[SaveJob]) -> None:
+    if inserts and len(inserts) <= LOGGED:
+        for w in inserts:
+            log.info("submitted", event_kind="submitted", job_id=w.job.id, state="queued")
+    elif inserts:
+        ids = f"{inserts[0].job.id}-{inserts[-1].job.id}"
+        log.info("submitted", event_kind="submitted", job_ids=ids)
+    lines = [(w.job, ev) for w in saves for ev in w.events]
+    for job, ev in lines[:LOGGED]:
+        log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
+    if len(lines) > LOGGED:
+        log.info(f"and {len(lines) - LOGGED} more", event_kind=lines[-1][1].kind)

@@ -1,0 +1,89 @@
+"""The engine: the only writer of job state.
+
+`do(command)` runs the pure step (core/engine.py) on the table, commits its writes in
+one transaction (raising if they did not commit), applies its changes to the table, and
+publishes its actions on the broker, where the services that perform them listen.
+Commands are taken one at a time, so every step sees the table as committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+import structlog
+
+from supervisor.core.commands import Command, InsertJob, Now, Submit
+from supervisor.core.engine import Step, step
+from supervisor.core.jobs import JobState
+from supervisor.core.table import Table
+from supervisor.daemon.broker import Broker
+from supervisor.daemon.commit import commit
+from supervisor.daemon.store import StorageError, Store
+
+log = structlog.get_logger("gpusvd.engine")
+T = TypeVar("T")
+
+
+def now() -> Now:
+    return Now(time.time(), time.monotonic())
+
+
+class Engine:
+    def __init__(self, store: Store, broker: Broker, clock: Callable[[], Now] = now) -> None:
+        self.store = store
+        self.broker = broker
+        self.clock = clock
+        self.table = Table()
+        self.epoch = 0  # +1 when a commit starts and when it ends
+        self._turn = anyio.Lock()
+
+    async def do(self, cmd: Command) -> Step:
+        """Decide, commit, apply, act; returns the step (its writes name new job ids).
+
+        A command sent while answering a client fails at once (StorageError) when the
+        database is known not to take writes: it is not queued behind patient ones."""
+        if self.store.problem is not None and self.store.is_answering():
+            raise StorageError("not writable now", self.store.problem)
+        async with self._turn:
+            if isinstance(cmd, Submit):
+                cmd = await self._with_parents(cmd)
+            out = step(self.table, cmd, self.clock())
+            if out.writes:
+                self.epoch += 1  # odd: a commit is in flight
+                try:
+                    await commit(self.store, out.writes)
+                finally:
+                    self.epoch += 1
+            self.table.apply(out.changes)
+            for action in out.actions:
+                self.broker.publish(action)
+        return out
+
+    async def read(self, reader: Callable[[], Awaitable[T]], tries: int = 5) -> T:
+        """What `reader` reads of the table and the store at one moment: read again while
+        a commit was in flight or one landed meanwhile (a few times at most)."""
+        for _ in range(tries - 1):
+            before = self.epoch
+            value = await reader()
+            if before == self.epoch and before % 2 == 0:
+                return value
+        return await reader()
+
+    async def _with_parents(self, cmd: Submit) -> Submit:
+        """--after parents that are no longer active: their end, read from the store
+        while no command runs, so none can end unseen in between."""
+        ended: dict[int, JobState] = {}
+        for spec in cmd.specs:
+            for parent in spec.after:
+                if parent not in self.table.jobs and parent not in ended:
+                    row = await self.store.get_job(parent)
+                    ended[parent] = row.state if row is not None else JobState.FAILED
+        return Submit(cmd.specs, ended) if ended else cmd
+
+
+def submitted_ids(out: Step) -> list[int]:
+    """The ids a Submit step gave its jobs, in order."""
+    return [w.job.id for w in out.writes if isinstance(w, InsertJob)]

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from supervisor.core.memkey import mem_key, program_words
+
+
+def test_explicit_key_wins_and_is_trimmed() -> None:
+    assert mem_key(["python3", "train.py"], " llama-70b ") == "llama-70b"
+
+
+def test_blank_explicit_key_falls_back_to_the_command() -> None:
+    assert mem_key(["python3", "train.py"], "  ") == mem_key(["python3", "train.py"], None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["python", "train.py", "--seed", "1"], ["python", "train.py"]),
+        (["/usr/bin/python3", "train.py", "--bs", "8"], ["python3", "train.py"]),
+        (
+            ["blender", "-b", "scene.blend", "-o", "out/frame_####", "-f", "1"],
+            ["blender", "scene.blend"],
+        ),
+        (["blender", "-b", "city.blend", "-o", "/tmp/x.png", "-f", "7"], ["blender", "city.blend"]),
+        (
+            ["python3", "-m", "pkg.train", "--config=cfg/a.yaml", "--lr", "0.1"],
+            ["python3", "-m", "pkg.train", "--config=cfg/a.yaml"],
+        ),
+        (
+            ["python", "gen.py", "--out=o.png", "--prompt", "a cat", "in.png"],
+            ["python", "gen.py", "in.png"],
+        ),
+        (["sh", "-c", "a b"], ["sh", "-c", "a b"]),
+        (["./render", "5", "1e-3", "img_%04d.png"], ["render"]),
+        (["sleep", "1.5"], ["sleep"]),
+    ],
+)
+def test_program_words(argv: list[str], words: list[str]) -> None:
+    assert program_words(argv) == words
+
+
+def test_same_program_other_parameters_share_a_key() -> None:
+    assert mem_key(["python", "train.py", "--seed", "1"]) == mem_key(
+        ["python", "train.py", "--seed", "2"]
+    )
+    frame = ["blender", "-b", "scene.blend", "-o", "out/frame_####", "-f"]
+    assert mem_key([*frame, "1"]) == mem_key([*frame, "2"])
+    assert mem_key([*frame, "1"]) != mem_key(["blender", "-b", "other.blend", "-f", "1"])
+    assert mem_key(["python", "train.py"]) != mem_key(["python", "eval.py"])
+
+
+def test_key_format_is_a_head_and_a_digest() -> None:
+    assert re.fullmatch(r"python3 train\.py#[0-9a-f]{8}", mem_key(["python3", "train.py", "-v"]))
+    # Joining with spaces must not merge distinct argv splits.
+    assert mem_key(["sh", "-c", "a b"]) != mem_key(["sh", "-c", "a", "b"])
+
+
+def test_long_keys_get_a_short_readable_head() -> None:
+    key = mem_key(["python3", "train.py", "--config", "configs/" + "x" * 200 + ".yaml"])
+    head, _, digest = key.rpartition("#")
+    assert head.startswith("python3 train.py configs/")
+    assert head.endswith("...")
+    assert len(head) <= 40
+    assert re.fullmatch(r"[0-9a-f]{8}", digest)
+
+
+def test_mem_key_needs_a_command() -> None:
+    with pytest.raises(ValueError):
+        mem_key([], None)
