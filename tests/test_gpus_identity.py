@@ -196,3 +196,15 @@ def test_an_allocation_by_uuid_or_prefix(tmp_path: Path) -> None:
     assert granted(cards, allocation_from({"ROCR_VISIBLE_DEVICES": "0"})) == [0, 1, 2]
     with pytest.raises(GpuError, match="no card '7'"):
         granted(cards, allocation_from({"CUDA_VISIBLE_DEVICES": "7"}))
+
+
+def test_reopen_after_close_reads_the_same_cards_at_the_same_indices(three: FakeNvml) -> None:
+    backend = NvmlBackend(three)
+    before = backend.discover()
+    backend.close()
+    three.devices[1].handle_error = None  # the lost card answers after its reset
+    backend.reopen()
+    after = backend.discover()
+    assert [c.uuid for c in after] == [UUIDS[0], UUIDS[1], UUIDS[2]]
+    assert [c.index for c in after] == [c.index for c in before] == [0, 1, 2]
+    assert three.shutdowns == 1

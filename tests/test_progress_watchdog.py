@@ -173,6 +173,16 @@ def test_unknown_utilization_never_makes_a_job_idle() -> None:
     assert verdict(state, now=T0 + 10 * TIMEOUT, timeout_s=TIMEOUT) == "ok"
 
 
+def test_unknown_utilization_is_told_once() -> None:
+    tracker = ProgressTracker(None, T0)
+    tracker.on_utilization(3.0, T0)
+    assert not tracker.first_unknown()
+    tracker.on_utilization(None, T0 + 1)
+    assert tracker.first_unknown()
+    tracker.on_utilization(None, T0 + 2)
+    assert not tracker.first_unknown()
+
+
 def test_a_job_busy_on_the_cpu_is_not_idle_at_zero_percent_gpu() -> None:
     tracker = ProgressTracker(None, T0)
     cpu = 0.0

@@ -17,6 +17,7 @@ import structlog
 
 from supervisor.core.admission import Card
 from supervisor.daemon.clock import monotonic
+from supervisor.daemon.gpu_handover import handover_signals
 from supervisor.gpus.allocation import describe_allocation
 from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost, GpuResetting
 from supervisor.gpus.health import placeable
@@ -57,6 +58,7 @@ class GpuMonitor:
         self.resetting: set[int] = set()  # the driver refuses reads while it resets: no placements
         self.visible_by: VisibleBy = "index"  # what CUDA_/ROCR_VISIBLE_DEVICES carry
         self.allocation: str | None = None  # the visibility variable gpusvd itself was given
+        self.released = False  # the driver was let go of (SIGUSR1): no reading, no placing
 
     async def discover(self) -> None:
         self.cards = list(await self.call(self.backend.discover, "gpu-discover"))
@@ -106,7 +108,7 @@ class GpuMonitor:
 
     async def probe(self, index: int) -> GpuInfo | None:
         """A fresh reading of one card; a lost card returns to ok once it answers again."""
-        if index in self._in_flight:
+        if index in self._in_flight or self.released:
             return None
         self._in_flight.add(index)
         try:
@@ -148,6 +150,7 @@ class GpuMonitor:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(handover_signals, self)
             task_status.started()
             while True:
                 self.beat()

@@ -183,6 +183,13 @@ class Sampler:
                 continue
             util = job_utilization([self.monitor.cards[c].utilization_pct for c in r.cards])
             tracker.on_utilization(util, now, _tree_cpu_s(r))
+            if tracker.first_unknown():
+                log.info(
+                    "gpu utilization unknown: the idle watchdog cannot judge this job",
+                    job_id=r.job_id,
+                    gpus=list(r.cards),
+                    stall_timeout_s=job.spec.stall_timeout_s,
+                )
             timeout = job.spec.progress_timeout_s
             stall = job.spec.stall_timeout_s
             ruling = verdict(tracker.state(), now=now, timeout_s=timeout, stall_timeout_s=stall)

@@ -121,6 +121,7 @@ class ProgressTracker:
         self._low_since: float | None = None
         self._max_util = 0.0
         self._unknown = False
+        self._unknown_told = False
         self._max_cpu = 0.0
         self._last_cpu: tuple[float, float] | None = None  # (cpu seconds, at)
         self._size = 0
@@ -163,6 +164,14 @@ class ProgressTracker:
             self._low_since = None
         elif self._low_since is None:
             self._low_since = now
+
+    def first_unknown(self) -> bool:
+        """True once, at the first sample whose utilization was unknown: the time to say
+        that the idle rule cannot judge this job (only the stall rule can)."""
+        if not self._unknown or self._unknown_told:
+            return False
+        self._unknown_told = True
+        return True
 
     def _cpu_pct(self, cpu_s: float | None, now: float) -> float | None:
         last, self._last_cpu = self._last_cpu, (None if cpu_s is None else (cpu_s, now))

@@ -110,6 +110,9 @@ class AllocatedBackend:
     def close(self) -> None:
         self._inner.close()
 
+    def reopen(self) -> None:
+        self._inner.reopen()
+
     def _mapped(self) -> list[int]:
         if self._map is None:
             self.discover()

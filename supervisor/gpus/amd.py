@@ -92,6 +92,9 @@ class AmdBackend:
         return visibility_env(cards, {"amd"})
 
     def close(self) -> None:
+        pass  # sysfs reads hold nothing open
+
+    def reopen(self) -> None:
         pass
 
     def _card(self, index: int) -> AmdCard:

@@ -96,6 +96,10 @@ class GpuBackend(Protocol):
 
     def close(self) -> None: ...
 
+    def reopen(self) -> None:
+        """Take the driver again after close(); the next discover() reads every card."""
+        ...
+
 
 _BUS_ID = re.compile(
     r"^(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{1,2}):(?P<dev>[0-9a-f]{1,2})\.(?P<fn>[0-7])$"

@@ -72,6 +72,10 @@ class CompositeBackend:
         for b in self._backends:
             b.close()
 
+    def reopen(self) -> None:
+        for b in self._backends:
+            b.reopen()
+
     def _route(self, index: int) -> _Route:
         routes = self._discovered()
         if not 0 <= index < len(routes):

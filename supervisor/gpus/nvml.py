@@ -123,7 +123,8 @@ class NvmlBackend:
     def discover(self) -> list[GpuInfo]:
         results = self._prober.each(self._count, self._read)
         with self._lock:
-            self._order = _arrange(self._count, self._cards)
+            if self._order is None:  # fixed at the first discovery: indices never move
+                self._order = _arrange(self._count, self._cards)
         cards = []
         for i, nvml_index in enumerate(self._order):
             result = results[nvml_index]
@@ -183,6 +184,19 @@ class NvmlBackend:
             self._nvml.nvmlShutdown()
         except Exception as e:
             log.warning("nvml_shutdown_failed", error=str(e))
+
+    def reopen(self) -> None:
+        with self._lock:
+            if not self._closed:
+                return
+        try:
+            self._nvml.nvmlInit()
+        except Exception as e:
+            raise GpuError(f"NVML: {e}") from e
+        with self._lock:
+            self._closed = False
+            self._cards.clear()  # handles do not outlive nvmlShutdown
+            self._unknown.clear()
 
     def _read(self, nvml_index: int) -> GpuInfo:
         """A reading in NVML's numbering (the caller sets our index)."""

@@ -194,6 +194,9 @@ class SimulatedBackend:
     def close(self) -> None:
         self._closed.set()
 
+    def reopen(self) -> None:
+        self._closed.clear()
+
     def _check(self, index: int) -> None:
         if not 0 <= index < self._spec.count:
             raise GpuError(f"no simulated GPU {index} (there are {self._spec.count})")

@@ -5,6 +5,7 @@ CPU, and the stall timeout."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 
 from supervisor.gpus.simulated import simulated_uuid
@@ -113,3 +114,26 @@ def test_the_stall_timeout_fails_a_silent_job_at_full_utilization(
     assert attempt["reason"] == "gpu_hang", done
     assert "at any utilization" in attempt["evidence"]["rule"]
     assert attempt["evidence"]["max_utilization_pct"] == 100
+
+
+def test_sigusr1_lets_go_of_the_cards_and_sigusr2_takes_them_back(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="2x8G")
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGUSR1)
+    d.wait_for(
+        lambda: all(c["health"] == "lost" for c in d.call({"type": "gpus"})["gpus"]),
+        what="every card released",
+    )
+    problems = d.call({"type": "health"})["health"]["problems"]
+    assert any("released" in p for p in problems), problems
+    job = d.submit("true", gpus=1)
+    assert d.show(job)["state"] == "queued"
+    d.proc.send_signal(signal.SIGUSR2)
+    d.wait_for(
+        lambda: all(c["health"] == "ok" for c in d.call({"type": "gpus"})["gpus"]),
+        what="every card taken back",
+    )
+    done = d.wait_done(job)
+    assert done["state"] == "succeeded" and done["attempts"][0]["gpu_uuids"]
