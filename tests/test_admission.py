@@ -520,3 +520,71 @@ def test_free_for_new_by_table(
 ) -> None:
     jobs = [running_job(i, mb, rss) for i, (mb, rss) in enumerate(running)]
     assert free_for_new_mb(HostMemory(limit, available, reserve), jobs) == free
+
+
+# --- boundaries, each on its own ----------------------------------------------------------
+
+
+def test_the_machine_view_binds_a_job_past_its_projection_with_no_growth_left() -> None:
+    # Ledger: 100000 - 50000 = 50000; machine: 40000 - 0 (no growth left) = 40000.
+    host = HostMemory(limit_mb=100_000, available_mb=40_000, reserve_mb=0)
+    assert free_for_new_mb(host, [running_job(1, 30_000, 50_000)]) == 40_000
+
+
+def test_a_job_held_behind_a_barrier_books_no_ram() -> None:
+    # Job 1 starves for cards and blocks GPU job 2, whose 100 GB stays unbooked, so CPU
+    # job 3 still finds its 20 GB among the 109 GB free.
+    cards = [*idle(0), busy_card(1, 9)]
+    running = [running_job(9, 10 * GB, 10 * GB, (1,))]
+    candidates = [
+        cand(1, gpus=2, held_since=NOW - WAIT),
+        cand(2, mb=100 * GB),
+        cand(3, gpus=0, mb=20 * GB),
+    ]
+    p = run(candidates, cards=cards, running=running, cpu=1)
+    assert p.starts == (Start(3, (), 0),)
+    assert [h.job_id for h in p.holds] == [1, 2]
+
+
+def test_a_cpu_job_reserves_no_vram_whatever_it_asked() -> None:
+    p = run([cand(1, gpus=0, vram_mb=GB)], cards=idle(0), cpu=1)
+    assert p.starts == (Start(1, (), 0),)
+
+
+def test_a_job_needing_a_whole_card_can_start_so_it_is_a_barrier() -> None:
+    cards = [Card(0, CARD, 1 * GB, True, ())]  # someone outside uses 1 GB of it
+    candidates = [cand(1, vram_mb=CARD, held_since=NOW - WAIT), cand(2)]
+    p = run(candidates, cards=cards)
+    assert p.starts == ()
+    assert p.holds[1] == Hold(2, "vram", "waiting behind job 1, which waits for VRAM")
+
+
+def test_a_job_without_a_projection_books_no_ram() -> None:
+    # 111616 MB free; job 1 has no figure, so job 2 may take all of it.
+    cards = [*idle(0, 2), busy_card(1, 9)]
+    running = [running_job(9, 10 * GB, 10 * GB, (1,))]
+    p = run([cand(1), cand(2, mb=111_616)], cards=cards, running=running)
+    assert p.starts == (Start(1, (0,), 0), Start(2, (2,), 0))
+
+
+def test_a_single_gpu_wait_says_gpu() -> None:
+    p = run([cand(1)], cards=[busy_card(0, 9)], running=[running_job(9, None, 1)], cpu=1)
+    assert p.holds == (Hold(1, "gpus", "waiting for 1 free GPU, 0 free"),)
+
+
+def test_a_card_used_to_the_last_mb_still_takes_a_job_that_asks_no_vram() -> None:
+    p = run([cand(1)], cards=[Card(0, CARD, CARD, True, ())])
+    assert p.starts == (Start(1, (0,), 0),)
+
+
+def test_vram_that_fits_exactly_fits() -> None:
+    p = run([cand(1, vram_mb=20 * GB)], cards=[Card(0, CARD, 4 * GB, True, ())])
+    assert p.starts == (Start(1, (0,), 20 * GB),)
+
+
+@pytest.mark.parametrize(
+    ("mb", "text"),
+    [(10_650, "~10 GB"), (1_024_000, "~1000 GB"), (10_240, "~10 GB"), (1_536, "~1.5 GB")],
+)
+def test_gb_by_table(mb: int, text: str) -> None:
+    assert gb(mb) == text

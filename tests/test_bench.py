@@ -14,6 +14,7 @@ from bench.run import main
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.timeout(600)  # a dozen daemon runs: minutes on a loaded machine
 def test_the_bench_runs_end_to_end_at_tiny_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

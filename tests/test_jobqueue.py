@@ -292,3 +292,69 @@ def test_starving_keeps_its_estimate_of_the_oldest_settled_job_true() -> None:
     assert q.starving("gpu", 0, now=135.0, limit=100.0, held_since=since, possible=bool) == [(0, 3)]
     first_possible = q.starving("gpu", 0, 200.0, 100.0, since, possible=lambda i: i == 3)
     assert first_possible == [(0, 1), (0, 3)]  # the one that could not run, then the one
+
+
+# --- the bookkeeping by table ---------------------------------------------------------------
+
+
+def test_used_before_counts_every_unit_of_the_kind_before_the_cut() -> None:
+    started = [(job(1), (0,)), (job(2, gpus=2), (1, 2)), (job(3, gpus=0), ()), (job(9), (3,))]
+    assert used_before(started, "gpu", (0, 5)) == 3  # jobs 1 and 2, not 9
+    assert used_before(started, "cpu", (0, 5)) == 1
+    assert used_before(started, "gpu", (0, 1)) == 0
+
+
+def test_len_counts_live_and_settled_jobs() -> None:
+    q = JobQueue()
+    for i in (1, 2, 3):
+        q.add(job(i))
+    q.settle([job(2), job(3)], {2: 5.0, 3: 6.0})
+    assert (len(q), len(q.live), len(q.settled["gpu"])) == (3, 1, 2)
+
+
+def test_holds_are_counted_from_add_to_remove() -> None:
+    q = JobQueue()
+    q.add(dataclasses.replace(job(1), hold_reason="vram"))
+    q.add(dataclasses.replace(job(2), hold_reason="vram"))
+    q.add(dataclasses.replace(job(3), hold_reason="host_ram"))
+    assert q.held_counts() == {"vram": 2, "host_ram": 1}
+    q.set_hold(1, "gpus")
+    assert q.held_counts() == {"vram": 1, "host_ram": 1, "gpus": 1}
+    q.remove(job(2))
+    q.remove(job(3))
+    assert q.held_counts() == {"gpus": 1}
+
+
+def test_starving_reads_from_the_first_held_long_enough_to_the_first_possible() -> None:
+    q = JobQueue()
+    jobs = [job(i) for i in (1, 2, 3, 4)]
+    for j in jobs:
+        q.add(j)
+    # Job 2 has no held_since: it counts as held since now.
+    held_since = {1: 100.0, 3: 0.0, 4: 0.0}
+    q.settle(jobs, held_since)
+    found = q.starving("gpu", 0, 200.0, 100.0, held_since, lambda job_id: job_id == 4)
+    assert found == [(0, 1), (0, 3), (0, 4)]  # job 1 at exactly the limit counts
+    assert q.starving("gpu", 0, 199.0, 100.0, held_since, lambda job_id: False) == [
+        (0, 3),
+        (0, 4),
+    ]
+
+
+def test_starving_returns_nothing_early_only_when_no_one_has_waited_the_limit() -> None:
+    q = JobQueue()
+    q.add(job(1))
+    q.settle([job(1)], {1: 100.0})
+    assert q.starving("gpu", 0, 200.0, 100.0, {1: 100.0}, lambda job_id: True) == [(0, 1)]
+    assert q.starving("gpu", 0, 199.9, 100.0, {1: 100.0}, lambda job_id: True) == []
+
+
+def test_next_backoff_by_table() -> None:
+    q = JobQueue()
+    q.add(dataclasses.replace(job(1), not_before=5.0))
+    q.add(dataclasses.replace(job(2), not_before=9.0))
+    current = {1: 5.0, 2: 9.0}
+    assert q.next_backoff(1.0, lambda i, at: current[i] == at) == 4.0
+    assert q.next_backoff(5.0, lambda i, at: current[i] == at) == 4.0  # 5.0 is over
+    current[2] = 20.0  # retried since, with another backoff: this entry is stale
+    assert q.next_backoff(5.0, lambda i, at: current[i] == at) is None

@@ -70,3 +70,35 @@ def test_long_keys_get_a_short_readable_head() -> None:
 def test_mem_key_needs_a_command() -> None:
     with pytest.raises(ValueError):
         mem_key([], None)
+
+
+# --- the key by table (digests from `printf 'a\0b' | sha256sum`) --------------------------
+
+A25 = "a" * 25
+ALPHA = "abcdefghijklmnopqrstuvwxyz012.py"  # 32 characters
+
+
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["python3", "train.py"], "python3 train.py#0103711c"),
+        (["/usr/bin/python3", "train.py", "--bs", "8"], "python3 train.py#0103711c"),
+        # whitespace inside a word is one space in the head, and intact in the digest
+        (["sh", "-c", "a  b\tc"], "sh -c a b c#1980a2b9"),
+        # an executable with no basename is kept as it was given
+        (["/", "x.py"], "/ x.py#8cd415ea"),
+        # bytes that are not UTF-8 (os.fsdecode's surrogates) go into the digest as they were
+        (["python3", "\udcff.py"], "python3 \udcff.py#d70e5b74"),
+        # a head of exactly 40 characters is kept whole...
+        (["python3", ALPHA], f"python3 {ALPHA}#76014275"),
+        # ...a longer one is cut to 37, its trailing space dropped, and marked
+        (["python3", f"{A25}.py", "tail-long-file.py"], f"python3 {A25}.py...#5eacc49e"),
+    ],
+)
+def test_mem_key_by_table(argv: list[str], key: str) -> None:
+    assert mem_key(argv) == key
+
+
+def test_mem_key_without_a_command_says_so() -> None:
+    with pytest.raises(ValueError, match=r"^mem_key needs a command$"):
+        mem_key([])

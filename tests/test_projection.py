@@ -286,3 +286,47 @@ def test_the_margin_applies_to_fit_and_floor_alike() -> None:
     assert project(floor, declared_mb=2_000, scale=None, margin=0.5) == Projection(
         15_000, "declared", 0
     )
+
+
+# --- the fit's remaining edges -------------------------------------------------------------
+
+
+def test_a_flat_fit_takes_the_highest_peak_not_the_mean_plus_the_worst_residual() -> None:
+    # Three runs at scale 1 (1000, 10000, 10000) and one at 2 (7000): slope exactly 0.
+    # The highest peak is 10000; mean plus worst residual would be 7000 + 6000.
+    history = [ok(1_000, 1.0), ok(10_000, 1.0), ok(10_000, 1.0), ok(7_000, 2.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(10_000, "fit", 4)
+
+
+def test_a_gentle_slope_is_still_a_slope() -> None:
+    # (1, 10000) and (3, 10001): half a MB per unit of scale, 10002 at scale 5.
+    history = [ok(10_000, 1.0), ok(10_001, 3.0)]
+    p = project(history, declared_mb=None, scale=5.0, margin=0.0)
+    assert p == Projection(10_002, "fit", 2)
+
+
+def test_float_noise_scales_share_one_recency_window() -> None:
+    # 0.1 + 0.2 and 0.3 are one scale: its newest ten runs are the ten at 3000, so the old
+    # 50000 at 0.1 + 0.2 is out of the window, and the line is y = 10000 x.
+    history = [ok(50_000, 0.1 + 0.2)] + [ok(3_000, 0.3)] * 10 + [ok(20_000, 2.0)]
+    p = project(history, declared_mb=None, scale=3.0, margin=0.0)
+    assert p == Projection(30_000, "fit", 11)
+
+
+def test_tiny_scales_within_the_absolute_tolerance_are_the_same_scale() -> None:
+    p = project([ok(1_000, 1e-13)], declared_mb=None, scale=2e-13, margin=0.0)
+    assert p == Projection(1_000, "observed", 1)
+
+
+@pytest.mark.parametrize(
+    ("margin", "mb"),
+    [
+        (0.0004, 1001),  # 1000.4 rounds up: never under the peak plus margin
+        (3e-10, 1000),  # 1000.0000003 is float noise at six decimals: no extra MiB
+        (0.05, 1050),
+    ],
+)
+def test_the_margin_rounds_up_to_whole_mib_past_float_noise(margin: float, mb: int) -> None:
+    p = project([ok(1_000)], declared_mb=None, scale=None, margin=margin)
+    assert p == Projection(mb, "observed", 1)

@@ -7,7 +7,7 @@ docs/host-memory.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -206,12 +206,8 @@ class _Pool:
     def build(
         cls, cards: Sequence[Card], running: Sequence[RunningJob], cpu_free: int, host: HostMemory
     ) -> _Pool:
-        reserved: Mapping[int, int] = {j.job_id: j.vram_reserved_mb for j in running}
-        idle = {
-            c.index: card_free_vram_mb(c, (reserved.get(j, 0) for j in c.running))
-            for c in cards
-            if c.healthy and not c.running
-        }
+        # One job per card: an idle card has no job, so nothing is booked on it.
+        idle = {c.index: card_free_vram_mb(c, ()) for c in cards if c.healthy and not c.running}
         healthy = [c.vram_total_mb for c in cards if c.healthy]
         return cls(idle, healthy, cpu_free, free_for_new_mb(host, running), bool(running))
 

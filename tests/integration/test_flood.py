@@ -139,7 +139,7 @@ def test_one_users_idle_flood_neither_refuses_another_nor_stops_the_watchdog(
             flood.kill()
         flood.wait()
     assert int(out.strip()) > 300, "the flood did not reopen what was closed"
-    assert served >= 3  # served all along; how often depends on the load of the box
+    assert served >= 3  # a count, not a rate: under load each call may take a while
     notify.drain(0.2)
     during = [at for at, m in notify.messages if m == "WATCHDOG=1" and at > started]
     assert during, "no WATCHDOG=1 during the flood"
