@@ -584,7 +584,7 @@ def test_vram_that_fits_exactly_fits() -> None:
 
 @pytest.mark.parametrize(
     ("mb", "text"),
-    [(10_650, "~10 GB"), (1_024_000, "~1000 GB"), (10_240, "~10 GB"), (1_536, "~1.5 GB")],
+    [(10_650, "~10 GiB"), (1_024_000, "~1000 GiB"), (10_240, "~10 GiB"), (1_536, "~1.5 GiB")],
 )
 def test_gb_by_table(mb: int, text: str) -> None:
     assert gb(mb) == text

@@ -112,7 +112,13 @@ def test_open_creates_a_control_file_per_card(tmp_path: Path) -> None:
     files = sorted(p.name for p in (tmp_path / "simulated-gpus").iterdir())
     assert files == ["0.json", "1.json"]
     data = json.loads((tmp_path / "simulated-gpus" / "0.json").read_text())
-    assert data == {"utilization_pct": 0.0, "vram_used_mb": 0.0, "lost": False, "wedged": False}
+    assert data == {
+        "utilization_pct": 0.0,
+        "vram_used_mb": 0.0,
+        "lost": False,
+        "wedged": False,
+        "processes": {},
+    }
 
 
 # --- the control file ---
@@ -310,3 +316,16 @@ def test_apply_visibility_drops_what_the_submitter_had() -> None:
     }
     env = apply_visibility(submitter, {"ROCR_VISIBLE_DEVICES": "0"})
     assert env == {"HOME": "/home/ada", "ROCR_VISIBLE_DEVICES": "0"}
+
+
+def test_per_process_vram_adds_to_the_cards_use(tmp_path: Path) -> None:
+    backend = open_sim(tmp_path, "1x24G")
+    write_control(tmp_path, 0, vram_used_mb=1024, processes={"4242": 6144, "77": 512})
+    assert backend.process_vram_mb(0) == {4242: 6144, 77: 512}
+    assert backend.query(0).vram_used_mb == 1024 + 6144 + 512
+
+
+@pytest.mark.parametrize("bad", [[1], {"x": 1}, {"1": -5}, {"1": "big"}, {"1": True}])
+def test_bad_process_lists_are_refused(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match="processes"):
+        write_control(tmp_path, 0, processes=bad)

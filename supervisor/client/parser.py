@@ -86,6 +86,11 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
         help="start only after these jobs succeeded (repeatable)",
     )
     p.add_argument(
+        "--share",
+        action="store_true",
+        help="share one card with other --share jobs while their --vram fits",
+    )
+    p.add_argument(
         "--time",
         metavar="DURATION",
         help="wall-time limit per run (90, 90s, 15m, 2h, 1d): then stopped, reason timeout",

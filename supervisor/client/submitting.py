@@ -129,6 +129,7 @@ def job_options(a: Any) -> dict[str, Any]:
         "priority": a.priority,
         "after": parse_after(a.after),
         "time_limit_s": _seconds(a.time, "--time"),
+        "share": a.share or None,
     }
     if options["time_limit_s"] == 0:
         raise ConfigError("--time: must be more than 0")

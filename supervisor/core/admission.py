@@ -7,7 +7,7 @@ docs/host-memory.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +36,7 @@ class RunningJob:
     rss_mb: int  # the tree's RSS now
     gpus: tuple[int, ...]
     vram_reserved_mb: int  # per card
+    shared: bool = False  # may have company on its card
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Candidate:
     projection: Projection | None
     held_since: float | None  # monotonic; None when not held
     hold_reason: HoldReason | None = None  # why it is held now
+    share: bool = False  # one card, with other shared jobs while its VRAM fits
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,9 @@ def plan(
 ) -> Plan:
     """Which candidates (in queue order, all runnable) start now and where.
 
-    One job per card; a job asking for N cards gets N at once. A job whose projection
+    One job per card, except shared jobs: those go together on a card while the VRAM
+    they declare fits what is free there (see _Pool.place_shared), and never beside a
+    whole-card job. A job asking for N cards gets N at once. A job whose projection
     does not fit the free host RAM is held, unless nothing runs and nothing started
     before it. Later jobs may start past a held one (backfill) until a held job has
     waited max_backfill_wait_s; from then on it is a barrier until it runs (see
@@ -191,12 +195,14 @@ class _Pool:
     def __init__(
         self,
         idle_vram: dict[int, int],
+        shared_vram: dict[int, int],
         healthy_vram: list[int],
         cpu_free: int,
         ram_free: int,
         running_any: bool,
     ) -> None:
         self.idle_vram = idle_vram  # card index -> free VRAM, healthy cards with no job
+        self.shared_vram = shared_vram  # the same for healthy cards running only shared jobs
         self.healthy_vram = healthy_vram  # total VRAM of every healthy card
         self.cpu_free = cpu_free
         self.ram_free = ram_free
@@ -206,13 +212,24 @@ class _Pool:
     def build(
         cls, cards: Sequence[Card], running: Sequence[RunningJob], cpu_free: int, host: HostMemory
     ) -> _Pool:
-        # One job per card: an idle card has no job, so nothing is booked on it.
-        idle = {c.index: card_free_vram_mb(c, ()) for c in cards if c.healthy and not c.running}
+        reserved: Mapping[int, int] = {j.job_id: j.vram_reserved_mb for j in running}
+        shared = {j.job_id for j in running if j.shared}
+        idle, company = {}, {}
+        for c in cards:
+            if not c.healthy:
+                continue
+            free = card_free_vram_mb(c, (reserved.get(j, 0) for j in c.running))
+            if not c.running:
+                idle[c.index] = free
+            elif all(j in shared for j in c.running):
+                company[c.index] = free
         healthy = [c.vram_total_mb for c in cards if c.healthy]
-        return cls(idle, healthy, cpu_free, free_for_new_mb(host, running), bool(running))
+        ram_free = free_for_new_mb(host, running)
+        return cls(idle, company, healthy, cpu_free, ram_free, bool(running))
 
     def exhausted(self) -> bool:
-        return not self.idle_vram and self.cpu_free <= 0
+        room = any(free > 0 for free in self.shared_vram.values())
+        return not self.idle_vram and not room and self.cpu_free <= 0
 
     def possible(self, cand: Candidate) -> bool:
         return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram)
@@ -243,7 +260,12 @@ class _Pool:
 
     def take(self, cand: Candidate, placed: tuple[int, ...], *, book_ram: bool) -> None:
         for index in placed:
-            del self.idle_vram[index]
+            if cand.share:
+                free = self.idle_vram.pop(index, None)
+                free = self.shared_vram[index] if free is None else free
+                self.shared_vram[index] = free - (cand.vram_mb or 0)
+            else:
+                del self.idle_vram[index]
         if cand.gpus <= 0:
             self.cpu_free -= 1
         if book_ram:
@@ -255,10 +277,15 @@ class _Pool:
             if self.cpu_free > 0:
                 return ()
             return Hold(cand.job_id, "cpu", "waiting for a free CPU slot")
+        if cand.share:
+            return self._place_shared(cand)
         idle = len(self.idle_vram)
         if idle < cand.gpus:
             noun = "GPU" if cand.gpus == 1 else "GPUs"
-            return Hold(cand.job_id, "gpus", f"waiting for {cand.gpus} free {noun}, {idle} free")
+            message = f"waiting for {cand.gpus} free {noun}, {idle} free"
+            if self.shared_vram:
+                message += f" ({_cards(self.shared_vram)} run shared jobs)"
+            return Hold(cand.job_id, "gpus", message)
         need = cand.vram_mb or 0
         # Best fit: the smallest free space that suffices keeps big cards for big jobs.
         fitting = sorted((free, i) for i, free in self.idle_vram.items() if free >= need)
@@ -266,12 +293,32 @@ class _Pool:
             return Hold(cand.job_id, "vram", self._vram_message(cand, len(fitting)))
         return tuple(sorted(i for _, i in fitting[: cand.gpus]))
 
+    def _place_shared(self, cand: Candidate) -> tuple[int, ...] | Hold:
+        """One card with room for the job's VRAM: best fit among the cards already shared,
+        and an idle card only when none of those has room, so that whole cards stay free
+        for whole-card jobs. A shared job is held for VRAM, never for free GPUs: a card
+        that is not idle may still take it."""
+        need = cand.vram_mb or 0
+        for pool in (self.shared_vram, self.idle_vram):
+            fitting = sorted((free, i) for i, free in pool.items() if free >= need)
+            if fitting:
+                return (fitting[0][1],)
+        most = max([*self.shared_vram.values(), *self.idle_vram.values(), 0])
+        message = f"waiting for VRAM: needs {gb(need)}, at most {gb(max(0, most))} free on any card"
+        return Hold(cand.job_id, "vram", message)
+
     def _vram_message(self, cand: Candidate, fitting: int) -> str:
         need = gb(cand.vram_mb or 0)
         if cand.gpus == 1:
             most = max(self.idle_vram.values())
             return f"waiting for VRAM: needs {need} on one card, {gb(max(0, most))} free at most"
         return f"waiting for VRAM: needs {need} on each of {cand.gpus} cards, {fitting} have it"
+
+
+def _cards(free: Mapping[int, int]) -> str:
+    indices = sorted(free)
+    noun = "card" if len(indices) == 1 else "cards"
+    return f"{noun} {', '.join(map(str, indices))}"
 
 
 def could_run(gpus: int, vram_mb: int | None, cards: Sequence[Card]) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from supervisor.core.jobs import Job
 
@@ -31,13 +31,27 @@ def key_of(job: Job) -> Key:
     return (-job.spec.priority, job.id)
 
 
-def used_before(started: Iterable[tuple[Job, tuple[int, ...]]], kind: str, cut: Key) -> int:
-    """Units of `kind` that starts (a job and its cards) took before `cut` in queue order."""
+def used_before(
+    started: Iterable[tuple[Job, tuple[int, ...]]],
+    kind: str,
+    cut: Key,
+    idle: Collection[int] | None = None,
+) -> int:
+    """Units of `kind` that starts (a job and its cards) took before `cut` in queue order.
+    Given the cards that were `idle`, a card counts once, and only if it was idle: shared
+    jobs may start several to a card, or on a card that was already in use."""
     used = 0
+    taken: set[int] = set()
     for job, cards in started:
-        if kind_of(job) == kind and key_of(job) < cut:
-            used += len(cards) if kind == "gpu" else 1
-    return used
+        if kind_of(job) != kind or key_of(job) >= cut:
+            continue
+        if kind != "gpu":
+            used += 1
+        elif idle is None:
+            used += len(cards)
+        else:
+            taken.update(c for c in cards if c in idle)
+    return used + len(taken)
 
 
 def _remove(keys: list[Key], key: Key) -> None:

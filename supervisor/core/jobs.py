@@ -84,6 +84,7 @@ class JobSpec:
     after: tuple[int, ...] = ()
     time_limit_s: float | None = None  # per attempt; past it: stopped, reason timeout
     stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
+    share: bool = False  # may share its one card with other shared jobs, VRAM permitting
 
 
 @dataclass(frozen=True)

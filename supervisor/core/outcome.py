@@ -26,6 +26,7 @@ class Facts:
     oom: str | None = None  # where OOM-kill evidence came from
     spawn_error: str | None = None
     peak_rss_mb: int | None = None
+    peak_vram_mb: int | None = None  # the most VRAM its processes held, where the backend tells
     machine: dict[str, Any] | None = None  # readings for a hang record, taken when seen
 
 
@@ -83,6 +84,7 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
         signal=f.status.signal if f.status else None,
         reason=reason.value if reason else None,
         peak_rss_mb=f.peak_rss_mb or None,
+        peak_vram_mb=f.peak_vram_mb or None,
         evidence=evidence,
     )
     if reason is None:

@@ -37,6 +37,7 @@ class Attempt:
             "signal": self.signal,
             "reason": self.reason,
             "peak_rss_mb": self.peak_rss_mb,
+            "peak_vram_mb": self.peak_vram_mb,
             "evidence": self.evidence,
         }
 

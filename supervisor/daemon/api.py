@@ -52,7 +52,7 @@ class Api:
         broker: Broker,
         *,
         dispatcher: Dispatcher,
-        live_rss: Callable[[int], tuple[int, int] | None],
+        live_rss: Callable[[int], tuple[int, int, int] | None],
         card_count: Callable[[], int],
         card_vram_mb: Callable[[], int],
         simple: dict[str, Callable[[Peer], Awaitable[dict[str, Any]]]],
@@ -153,6 +153,23 @@ class Api:
                 f"{self.card_vram_mb()} MiB",
             )
 
+    async def _check_share(self, specs: list[JobSpec]) -> None:
+        """A shared job takes one card and must say how much of its VRAM, or have a
+        memory key whose earlier runs did."""
+        for spec in specs:
+            if not spec.share:
+                continue
+            if spec.gpus != 1:
+                raise ProtocolError(
+                    protocol.BAD_REQUEST, f"--share takes one GPU; this job asks for {spec.gpus}"
+                )
+            await self.book.load(spec.mem_key)
+            if self.book.vram_need(spec) is None:
+                raise ProtocolError(
+                    protocol.BAD_REQUEST,
+                    f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
+                )
+
     async def check_after(self, after: tuple[int, ...]) -> None:
         for parent in after:
             if parent not in self.table.jobs and await self.store.get_job(parent) is None:
@@ -186,6 +203,7 @@ class Api:
                 after=opts.after,
                 stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
                 time_limit_s=opts.time_limit_s,
+                share=opts.share,
             )
             for i, argv in enumerate(req.argvs)
         ]
@@ -197,6 +215,7 @@ class Api:
         self._check_fits(req)
         await self.check_after(req.options.after)
         specs = self.specs(req, peer)
+        await self._check_share(specs)
         if req.options.dry_run:
             out = []
             for spec in specs:
@@ -279,8 +298,9 @@ class Api:
         )
         live = self.live_rss(job.id)
         if live is not None and obj["attempts"]:  # the running attempt's figures so far
-            obj["attempts"][-1]["rss_mb"], peak = live
+            obj["attempts"][-1]["rss_mb"], peak, peak_vram = live
             obj["attempts"][-1]["peak_rss_mb"] = peak or None
+            obj["attempts"][-1]["peak_vram_mb"] = peak_vram or None
         return {"ok": True, "job": obj}
 
     async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:

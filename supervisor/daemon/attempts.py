@@ -67,6 +67,7 @@ class Proc:
     handle: ProcessHandle
     rss_mb: int = 0
     peak_rss_mb: int = 0
+    peak_vram_mb: int = 0  # summed over its cards, as the backend reads its processes
     tracker: ProgressTracker | None = None
     oom_kills_at_start: int | None = None
     aborting: bool = False
@@ -117,10 +118,10 @@ class Runner:
         p = self.procs.get(job_id)
         return p.rss_mb if p else 0
 
-    def live_rss(self, job_id: int) -> tuple[int, int] | None:
-        """(RSS now, peak so far) of a running attempt's tree."""
+    def live_rss(self, job_id: int) -> tuple[int, int, int] | None:
+        """(RSS now, peak so far, peak VRAM so far) of a running attempt's tree."""
         p = self.procs.get(job_id)
-        return (p.rss_mb, p.peak_rss_mb) if p else None
+        return (p.rss_mb, p.peak_rss_mb, p.peak_vram_mb) if p else None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
@@ -199,7 +200,14 @@ class Runner:
             handle = p.handle
             with contextlib.suppress(Exception):
                 await self.abort(lambda: handle.kill_tree(0.5), f"job-{p.job_id}-leftovers")
-        facts = Facts(status, hang=hang, oom=oom_why, peak_rss_mb=p.peak_rss_mb, machine=machine)
+        facts = Facts(
+            status,
+            hang=hang,
+            oom=oom_why,
+            peak_rss_mb=p.peak_rss_mb,
+            peak_vram_mb=p.peak_vram_mb,
+            machine=machine,
+        )
         newest = ranking.newest_job({q.job_id: q.seq for q in self.procs.values()})
         await self.engine.do(Ended(p.job_id, p.n, facts))
         self.procs.pop(p.job_id, None)

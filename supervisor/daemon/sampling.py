@@ -4,6 +4,7 @@ the no-progress watchdog. One pass over /proc per interval for all jobs, off the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,7 @@ class Sampler:
             r.rss_mb = s.rss_mb
             r.peak_rss_mb = max(r.peak_rss_mb, s.rss_mb)
             r.handle.remember(s.pids)
+        await self._vram(running, {j: set(s.pids) for j, s in samples.items()})
         meminfo = read_meminfo()
         self.hangs.note_memory(meminfo.available_mb)
         await self._squeeze(meminfo.available_mb)
@@ -95,6 +97,28 @@ class Sampler:
         reap_orphans(leaders)
         if self.table.held_counts():
             self.dispatcher.poke()  # the ledger moved: held jobs may fit now
+
+    async def _vram(self, running: list[Proc], pids: dict[int, set[int]]) -> None:
+        """Each job's VRAM as the backend reads its processes (one query per card in use);
+        nothing where the backend cannot tell."""
+        m = self.monitor
+        skip = m.recovering | m.resetting | set(m.lost_why) | m._in_flight
+        cards = sorted({c for r in running for c in r.cards} - skip)
+        per_card: dict[int, dict[int, int]] = {}
+        backend = m.backend
+        for card in cards:
+            try:
+                per_card[card] = await m.call(
+                    functools.partial(backend.process_vram_mb, card), f"gpu-procs-{card}"
+                )
+            except Exception:  # a lost or busy card: its figure stays as it was
+                continue
+        for r in running:
+            mine = pids.get(r.job_id, set()) | {r.handle.pid}
+            used = sum(
+                mb for c in r.cards for pid, mb in per_card.get(c, {}).items() if pid in mine
+            )
+            r.peak_vram_mb = max(r.peak_vram_mb, used)
 
     async def _squeeze(self, available_mb: int) -> None:
         """Stop the newest jobs before the kernel has to choose, and before the box thrashes."""

@@ -83,6 +83,7 @@ class Dispatcher:
                 projection=self.book.projection(job.spec),
                 held_since=self.table.held_since.get(job_id),
                 hold_reason=job.hold_reason,  # type: ignore[arg-type]
+                share=job.spec.share,
             )
 
     def running_use(self) -> list[admission.RunningJob]:
@@ -93,6 +94,7 @@ class Dispatcher:
                 rss_mb=self.rss_mb(job_id),
                 gpus=r.cards,
                 vram_reserved_mb=r.vram_reserved_mb,
+                shared=self.table.jobs[job_id].spec.share if job_id in self.table.jobs else False,
             )
             for job_id, r in self.table.live.items()
         ]
@@ -176,7 +178,8 @@ class Dispatcher:
             )
             started = [(self.table.jobs[s.job_id], s.gpus) for s in plan.starts]
             cuts = self.table.queue.cuts(ends)
-            if all(used_before(started, k, key) >= free[k] for k, key in cuts.items()):
+            idle = {c.index for c in cards if c.healthy and not c.running}
+            if all(used_before(started, k, key, idle) >= free[k] for k, key in cuts.items()):
                 return plan
             w *= 8
 

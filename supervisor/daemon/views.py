@@ -44,6 +44,7 @@ def job_json(
         "after": list(spec.after),
         "progress": job.progress,
         "vram_mb": spec.vram_mb,
+        "share": spec.share,
         "mem_mb": spec.mem_mb,
         "mem_scale": spec.mem_scale,
         "submitted_at": job.submitted_at,

@@ -2,7 +2,10 @@
 
 Card i has PCI bus id `0000:{i+1:02x}:00.0` and a control file
 `STATE_DIR/simulated-gpus/{i}.json`, re-read on every query:
-`{"utilization_pct": 0, "vram_used_mb": 0, "lost": false, "wedged": false}`.
+`{"utilization_pct": 0, "vram_used_mb": 0, "lost": false, "wedged": false, "processes": {}}`.
+`processes` maps a pid (as a string) to the MiB that process holds on the card: the card's
+used VRAM is `vram_used_mb` plus their sum, and the per-process figures are what NVML's
+process list would say.
 `lost` makes queries raise GpuLost as NVML does for a card off the bus; `wedged` makes
 them block until it is cleared, as NVML does on a hung card (at start too: the card then
 starts lost after the probe deadline). `utilization_pct: null` is a card that cannot
@@ -18,7 +21,7 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,7 @@ class Control:
     vram_used_mb: float = 0.0
     lost: bool = False
     wedged: bool = False
+    processes: dict[str, float] = field(default_factory=dict)  # pid -> MiB held
 
 
 _NUMBERS = ("utilization_pct", "vram_used_mb")
@@ -102,8 +106,18 @@ def _control_from(data: dict[str, Any]) -> Control:
     for key in _FLAGS:
         if not isinstance(data.get(key, False), bool):
             raise ValueError(f"{key} must be true or false, not {data[key]!r}")
+    _check_processes(data.get("processes", {}))
     known = {f.name for f in fields(Control)}
     return Control(**{k: v for k, v in data.items() if k in known})
+
+
+def _check_processes(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ValueError(f"processes must map pids to MiB, not {value!r}")
+    for pid, mb in value.items():
+        is_number = isinstance(mb, int | float) and not isinstance(mb, bool)
+        if not str(pid).isdigit() or not is_number or not math.isfinite(mb) or mb < 0:
+            raise ValueError(f"processes: {pid!r}: {mb!r} is not a pid and a size in MiB")
 
 
 def control_path(state_dir: Path, index: int) -> Path:
@@ -186,7 +200,10 @@ class SimulatedBackend:
 
     def process_vram_mb(self, index: int) -> dict[int, int]:
         self._check(index)
-        return {}
+        control = self._read(index)
+        if control.lost:
+            raise GpuLost(f"simulated GPU {index} ({simulated_bus_id(index)}) is lost")
+        return {int(pid): int(mb) for pid, mb in control.processes.items()}
 
     def visibility_env(self, cards: Sequence[GpuInfo]) -> dict[str, str]:
         return visibility_env(cards, {"simulated"})
@@ -214,7 +231,8 @@ class SimulatedBackend:
 
     def _info(self, index: int, control: Control, *, lost: bool) -> GpuInfo:
         total = self._spec.vram_mb
-        used = 0 if lost else min(max(int(control.vram_used_mb), 0), total)
+        held = control.vram_used_mb + sum(control.processes.values())
+        used = 0 if lost else min(max(int(held), 0), total)
         raw = control.utilization_pct
         util = None if lost or raw is None else min(max(float(raw), 0.0), 100.0)
         return GpuInfo(

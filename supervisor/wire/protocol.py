@@ -116,6 +116,7 @@ class SubmitOptions:
     time_limit_s: float | None = None
     run: bool = False  # tied to the connection: cancelled when it goes away
     stall_timeout_s: float | None = None
+    share: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         time_limit_s=f.float_("time_limit_s", 1e-3, MAX_DURATION_S),
         run=f.bool_("run"),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
+        share=f.bool_("share"),
     )
 
 
