@@ -78,13 +78,18 @@ def cmd_list(client: Client, a: argparse.Namespace) -> int:
     owner = _owner(a)
     if owner is not None:
         request["owner_uid"] = owner
-    if not a.all and not states:
+    if a.array is not None:
+        request["array"] = a.array
+    elif not a.all and not states:
         request["recent_s"] = RECENT_S
     jobs = client.call(request)["jobs"]
     if a.json:
         out_json(jobs)
     else:
+        from supervisor.client import arrays
+
         _lines(render.list_lines(jobs))
+        _lines(arrays.summaries(jobs))
     return 0
 
 
@@ -147,7 +152,14 @@ def wait_jobs(
 
 def cmd_wait(client: Client, a: argparse.Namespace) -> int:
     timeout = None if a.timeout is None else parse_duration(a.timeout, "--timeout")
-    return wait_jobs(client, a.ids, timeout, js=a.json)
+    ids = a.ids
+    if a.array is not None:
+        from supervisor.client import arrays
+
+        ids = [j["id"] for j in arrays.array_jobs(client, a.array)]
+    if not ids:
+        raise ConfigError("wait needs job ids or --array A")
+    return wait_jobs(client, ids, timeout, js=a.json)
 
 
 # ---- acting on jobs ------------------------------------------------------------------
@@ -168,6 +180,10 @@ def _results(reply: dict[str, Any], a: argparse.Namespace, ok_text: str) -> int:
 
 
 def cmd_cancel(client: Client, a: argparse.Namespace) -> int:
+    if a.array is not None:
+        from supervisor.client import arrays
+
+        return arrays.cancel_array(client, a.array)
     if bool(a.ids) == a.all:
         raise ConfigError("cancel needs job ids or --all (not both)")
     request: dict[str, Any] = {"type": "cancel", "ids": a.ids}
@@ -178,6 +194,14 @@ def cmd_cancel(client: Client, a: argparse.Namespace) -> int:
 
 def cmd_verb(client: Client, a: argparse.Namespace) -> int:
     """restart, hold and release: per-job results, like cancel."""
+    if a.verb == "restart" and (a.array is not None or a.failed):
+        if a.array is None or not a.failed or a.ids:
+            raise ConfigError("restart takes job ids, or --array A --failed")
+        from supervisor.client import arrays
+
+        return arrays.restart_failed(client, a.array)
+    if not a.ids:
+        raise ConfigError(f"{a.verb} needs job ids")
     text = {"restart": "{new_id}", "hold": "{id} held", "release": "{id} released"}[a.verb]
     return _results(client.call({"type": a.verb, "ids": a.ids}), a, text)
 

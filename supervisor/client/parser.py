@@ -103,6 +103,12 @@ def _add_submit(sub: Any) -> None:
     p.add_argument(
         "--dry-run", dest="dry_run", action="store_true", help="validate, create nothing"
     )
+    p.add_argument(
+        "--array", metavar="RANGE", help="one job per index, e.g. 0-99 or 0-99%%8 (8 at a time)"
+    )
+    p.add_argument(
+        "--max-running", dest="max_running", type=int, metavar="N", help="of an array, N at once"
+    )
     p.add_argument("--wait", action="store_true", help="wait for the end; exit as `wait` does")
     _json(p, "the job (a batch: its ids)")
     p.add_argument(
@@ -128,6 +134,7 @@ def _add_reading(sub: Any) -> None:
     s.add_argument("--mine", action="store_true", help="only my jobs")
     s.add_argument("--all", action="store_true", help="every job, not only active and recent")
     s.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs (newest)")
+    s.add_argument("--array", type=int, metavar="A", help="only the jobs of array A")
     _json(s, "the jobs")
     s.set_defaults(fn="commands.cmd_list")
     s = sub.add_parser("show", help="one job in full")
@@ -141,7 +148,8 @@ def _add_reading(sub: Any) -> None:
     s.add_argument("--tail", type=int, metavar="N", help="start at the last N lines")
     s.set_defaults(fn="commands.cmd_logs")
     s = sub.add_parser("wait", help="wait for jobs; exit with the first failure's status")
-    _ids(s)
+    _ids(s, "*")
+    s.add_argument("--array", type=int, metavar="A", help="all jobs of array A")
     s.add_argument("--timeout", metavar="DURATION", help="give up after (90, 15m, 2h): exit 124")
     _json(s, "the jobs")
     s.set_defaults(fn="commands.cmd_wait")
@@ -151,6 +159,7 @@ def _add_actions(sub: Any) -> None:
     s = sub.add_parser("cancel", help="cancel jobs (queued or running)")
     _ids(s, "*")
     s.add_argument("--all", action="store_true", help="all my queued and running jobs")
+    s.add_argument("--array", type=int, metavar="A", help="the active jobs of array A")
     _json(s)
     s.set_defaults(fn="commands.cmd_cancel")
     for verb, text in (
@@ -159,9 +168,12 @@ def _add_actions(sub: Any) -> None:
         ("release", "let held jobs start again"),
     ):
         s = sub.add_parser(verb, help=text)
-        _ids(s)
+        _ids(s, "*" if verb == "restart" else "+")
         _json(s)
         s.set_defaults(fn="commands.cmd_verb", verb=verb)
+        if verb == "restart":
+            s.add_argument("--array", type=int, metavar="A", help="with --failed: of array A")
+            s.add_argument("--failed", action="store_true", help="the array's failed indices")
     for verb, text in (
         ("pause", "start no new job (running ones go on)"),
         ("resume", "start jobs again"),

@@ -145,6 +145,11 @@ def submit_request(a: Any) -> dict[str, Any]:
     if a.dry_run:
         request["dry_run"] = True
     command = command_of(a)
+    from supervisor.client import arrays
+
+    request.update(arrays.array_options(a.array, a.max_running))
+    if a.array is not None and a.batch is not None:
+        raise ConfigError("give either --array or --batch, not both")
     if a.batch is not None:
         if command:
             raise ConfigError("give either --batch or a command, not both")

@@ -7,14 +7,16 @@ docs/host-memory.md.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from supervisor.core.projection import Projection
 
-HoldReason = Literal["host_ram", "vram", "gpus", "cpu"]
+HoldReason = Literal["host_ram", "vram", "gpus", "cpu", "array"]
 _WAITING_FOR = {
+    "array": "its array's cap",
     "host_ram": "host RAM",
     "vram": "VRAM",
     "gpus": "free GPUs",
@@ -37,6 +39,7 @@ class RunningJob:
     gpus: tuple[int, ...]
     vram_reserved_mb: int  # per card
     shared: bool = False  # may have company on its card
+    array: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class Candidate:
     held_since: float | None  # monotonic; None when not held
     hold_reason: HoldReason | None = None  # why it is held now
     share: bool = False  # one card, with other shared jobs while its VRAM fits
+    array: int | None = None
+    cap: int | None = None  # at most this many of its array run at once
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,8 @@ def plan(
 
     One job per card, except shared jobs: those go together on a card while the VRAM
     they declare fits what is free there (see _Pool.place_shared), and never beside a
-    whole-card job. A job asking for N cards gets N at once. A job whose projection
+    whole-card job. A job asking for N cards gets N at once. A job of an array whose cap
+    of running jobs is reached waits, whatever is free. A job whose projection
     does not fit the free host RAM is held, unless nothing runs and nothing started
     before it. Later jobs may start past a held one (backfill) until a held job has
     waited max_backfill_wait_s; from then on it is a barrier until it runs (see
@@ -126,9 +132,14 @@ def plan(
     starts: list[Start] = []
     holds: list[Hold] = []
     barrier: _Barrier | None = None
+    arrays = Counter(j.array for j in running if j.array is not None)
     for cand in candidates:
         if pool.exhausted():
             break
+        if cand.array is not None and cand.cap is not None and arrays[cand.array] >= cand.cap:
+            message = f"waiting for array {cand.array}: at most {cand.cap} of its jobs run at once"
+            holds.append(Hold(cand.job_id, "array", message))
+            continue
         placed = pool.evaluate(cand)
         if isinstance(placed, Hold):
             holds.append(placed)
@@ -142,6 +153,8 @@ def plan(
             holds.append(barrier.hold(cand))
         else:
             pool.take(cand, placed, book_ram=True)
+            if cand.array is not None:
+                arrays[cand.array] += 1
             starts.append(Start(cand.job_id, placed, (cand.vram_mb or 0) if placed else 0))
     return Plan(tuple(starts), tuple(holds))
 

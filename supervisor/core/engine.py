@@ -8,7 +8,7 @@ for the shell to perform after the commit. Pure: no I/O, no clock (time is `now`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from supervisor.core import outcome
 from supervisor.core.admission import Hold, Start
@@ -163,7 +163,12 @@ def hang_record(
 def _submit(d: _Draft, cmd: Submit) -> None:
     first = d.t.next_id
     d.c.next_id = first + len(cmd.specs)
-    jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(cmd.specs)]
+    # A new array is named by its first job; a restart's specs already name theirs.
+    specs = [
+        s if s.array_index is None or s.array_id is not None else replace(s, array_id=first)
+        for s in cmd.specs
+    ]
+    jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(specs)]
     for job in jobs:
         d.c.jobs[job.id] = job
         d.out.writes.append(InsertJob(job))

@@ -85,6 +85,9 @@ class JobSpec:
     time_limit_s: float | None = None  # per attempt; past it: stopped, reason timeout
     stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
     share: bool = False  # may share its one card with other shared jobs, VRAM permitting
+    array_id: int | None = None  # the array it belongs to: the id of the array's first job
+    array_index: int | None = None
+    max_running: int | None = None  # at most this many of its array run at once
 
 
 @dataclass(frozen=True)

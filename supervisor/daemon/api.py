@@ -29,6 +29,7 @@ from supervisor.daemon.store import StorageError
 from supervisor.daemon.verbs import Verbs
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
+    ArrayRef,
     Clean,
     JobRef,
     ListJobs,
@@ -36,6 +37,7 @@ from supervisor.wire.protocol import (
     Request,
     Simple,
     Submit,
+    SubmitOptions,
 )
 
 LOG_CHUNK = 512 * 1024
@@ -111,6 +113,8 @@ class Api:
     async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
             return await self.submit(req, peer)
+        if isinstance(req, ArrayRef):
+            return await self.restart_array(req, peer)
         if isinstance(req, ListJobs):
             return await self.list(req, peer)
         if isinstance(req, JobRef):
@@ -204,9 +208,37 @@ class Api:
                 stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
                 time_limit_s=opts.time_limit_s,
                 share=opts.share,
+                **_array_fields(opts, i),
             )
             for i, argv in enumerate(req.argvs)
         ]
+
+    async def restart_array(self, req: ArrayRef, peer: Peer) -> dict[str, Any]:
+        """The array's failed indices (those whose newest job failed) as new jobs of it."""
+        self.access.may_submit(peer)
+        jobs = await self.store.list_jobs((), protocol.MAX_LIST, None, req.array)
+        if not jobs:
+            raise ProtocolError(protocol.NOT_FOUND, f"no array {req.array}")
+        newest: dict[int | None, Job] = {}
+        for job in sorted(jobs, key=lambda j: j.id):
+            newest[job.spec.array_index] = self.table.jobs.get(job.id, job)
+        failed = [j for j in newest.values() if j.state is JobState.FAILED]
+        for job in failed:
+            if not self.access.may_act(peer, job):
+                raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
+        if not failed:
+            return {"ok": True, "ids": []}
+        specs = [job.spec for job in failed]
+        async with self.submitting:
+            queued = await self.store.queued_count(peer.uid)
+            if queued + len(specs) > self.cfg.max_queued_per_user:
+                raise ProtocolError(
+                    protocol.LIMIT,
+                    f"uid {peer.uid} has {queued} active jobs; the limit is "
+                    f"{self.cfg.max_queued_per_user}",
+                )
+            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
+        return {"ok": True, "ids": ids}
 
     async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
         self.access.may_submit(peer)
@@ -265,6 +297,7 @@ class Api:
             req.before_id,
             owner_uid=req.owner_uid,
             ended_since=since,
+            array=req.array,
         )
         admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
         out = []
@@ -362,3 +395,12 @@ def _or(given: float | None, default: float) -> float | None:
     """A job's own timeout, else the configured default; 0 (off) becomes None."""
     value = default if given is None else given
     return value or None
+
+
+def _array_fields(opts: SubmitOptions, i: int) -> dict[str, Any]:
+    """An array's i-th job carries its index; a batch with a cap is an array of its lines."""
+    if opts.array:
+        return {"array_index": opts.array[i], "max_running": opts.max_running}
+    if opts.max_running is not None:
+        return {"array_index": i, "max_running": opts.max_running}
+    return {}

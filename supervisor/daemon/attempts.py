@@ -139,6 +139,9 @@ class Runner:
         env["GPUSV_ATTEMPT"] = str(n)
         if self.cfg.logs.python_unbuffered:  # so that `logs -f` is live for Python jobs
             env.setdefault("PYTHONUNBUFFERED", "1")
+        if job.spec.array_id is not None:
+            env["GPUSV_ARRAY_ID"] = str(job.spec.array_id)
+            env["GPUSV_ARRAY_INDEX"] = str(job.spec.array_index)
         out, err = self.log_paths(job.id)
         if n > 1:  # where one attempt's output ends and the next one's starts
             joblogs.append((out, err), joblogs.header(job.id, n, now_iso()))

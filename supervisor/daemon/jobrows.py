@@ -27,6 +27,7 @@ async def list_jobs(
     *,
     owner_uid: int | None = None,
     ended_since: float | None = None,
+    array: int | None = None,
 ) -> list[Job]:
     """Newest first; cleaned jobs never; with `ended_since` (epoch seconds), only active
     jobs and those that ended since."""
@@ -41,6 +42,9 @@ async def list_jobs(
     if owner_uid is not None:
         where.append("owner_uid = ?")
         params.append(owner_uid)
+    if array is not None:
+        where.append("json_extract(spec, '$.array_id') = ?")
+        params.append(array)
     if ended_since is not None:
         where.append("(state IN ('queued', 'running') OR ended_at >= ?)")
         params.append(iso_from_epoch(ended_since))

@@ -17,7 +17,7 @@ import anyio.abc
 from supervisor.core import admission
 from supervisor.core.commands import Changed, Dispatch
 from supervisor.core.jobqueue import DEVICE_HOLD, Key, kind_of, used_before
-from supervisor.core.jobs import JobState
+from supervisor.core.jobs import JobSpec, JobState
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
@@ -84,6 +84,8 @@ class Dispatcher:
                 held_since=self.table.held_since.get(job_id),
                 hold_reason=job.hold_reason,  # type: ignore[arg-type]
                 share=job.spec.share,
+                array=job.spec.array_id,
+                cap=job.spec.max_running,
             )
 
     def running_use(self) -> list[admission.RunningJob]:
@@ -94,10 +96,16 @@ class Dispatcher:
                 rss_mb=self.rss_mb(job_id),
                 gpus=r.cards,
                 vram_reserved_mb=r.vram_reserved_mb,
-                shared=self.table.jobs[job_id].spec.share if job_id in self.table.jobs else False,
+                shared=spec.share if spec else False,
+                array=spec.array_id if spec else None,
             )
             for job_id, r in self.table.live.items()
+            for spec in [self._spec(job_id)]
         ]
+
+    def _spec(self, job_id: int) -> JobSpec | None:
+        job = self.table.jobs.get(job_id)
+        return job.spec if job else None
 
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(

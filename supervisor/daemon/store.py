@@ -210,10 +210,13 @@ class Store(Writer):
         return _row_to_job(rows[0]) if rows else None
 
     async def list_jobs(
-        self, states: Sequence[str], limit: int, before_id: int | None
+        self, states: Sequence[str], limit: int, before_id: int | None, array: int | None = None
     ) -> list[Job]:
         where: list[str] = []
         params: list[Any] = []
+        if array is not None:
+            where.append("json_extract(spec, '$.array_id') = ?")
+            params.append(array)
         if states:
             where.append(f"state IN ({','.join('?' * len(states))})")
             params.extend(states)

@@ -117,6 +117,8 @@ class SubmitOptions:
     run: bool = False  # tied to the connection: cancelled when it goes away
     stall_timeout_s: float | None = None
     share: bool = False
+    array: tuple[int, ...] = ()  # one job per index, of one new array
+    max_running: int | None = None  # of the array (or the batch) at most this many at once
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class ListJobs:
     type: str = "list"
     owner_uid: int | None = None
     recent_s: float | None = None  # active jobs, and those ended this recently
+    array: int | None = None  # only the jobs of this array
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,15 @@ class Clean:
     type: str = "clean"
 
 
-Request = Submit | ListJobs | JobRef | Simple | Clean
+@dataclass(frozen=True)
+class ArrayRef:
+    """restart_array: the failed indices of an array, submitted again."""
+
+    type: str
+    array: int
+
+
+Request = Submit | ListJobs | JobRef | Simple | Clean | ArrayRef
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 SIMPLE_TYPES = ("ping", "gpus", "stats", "health", "metrics", "top", "pause", "resume")
 REF_TYPES = ("show", "cancel", "wait", "logs", "restart", "hold", "release")
@@ -219,7 +230,23 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         run=f.bool_("run"),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
         share=f.bool_("share"),
+        array=_array_indices(f),
+        max_running=f.int_("max_running", None, 1, MAX_BATCH),
     )
+
+
+def _array_indices(f: _Fields) -> tuple[int, ...]:
+    value = f._get("array")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BATCH:
+        raise f.fail("array", f"must be a list of 1 to {MAX_BATCH} indices")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_ID:
+            raise f.fail("array", "indices are integers from 0 that fit 63 bits")
+    if len(set(value)) != len(value):
+        raise f.fail("array", "an index appears twice")
+    return tuple(value)
 
 
 def _parse_submit(f: _Fields, batch: bool) -> Submit:
@@ -242,9 +269,13 @@ def _parse_submit(f: _Fields, batch: bool) -> Submit:
     if names is not None and len(names) != len(argvs):
         raise f.fail("names", "must name each command of argvs, in order")
     options = _submit_options(f)
-    if options.run and batch:
-        raise f.fail("run", "is for one command, not a batch")
+    if options.run and (batch or options.array):
+        raise f.fail("run", "is for one command, not a batch or an array")
     f.done()
+    if options.array:
+        if batch:
+            raise f.fail("array", "an array repeats one command; a batch has its own")
+        argvs = argvs * len(options.array)
     names_ = tuple(names) if names is not None else None
     return Submit(argvs=tuple(tuple(a) for a in argvs), options=options, names=names_)
 
@@ -291,8 +322,13 @@ def parse_request(obj: dict[str, Any]) -> Request:
         before = f.int_("before_id", None, 1, MAX_ID)
         owner = f.int_("owner_uid", None, 0, 2**32 - 1)
         recent = f.float_("recent_s", 0, MAX_DURATION_S)
+        array = f.int_("array", None, 1, MAX_ID)
         f.done()
-        return ListJobs(tuple(states), limit, before, owner_uid=owner, recent_s=recent)
+        return ListJobs(tuple(states), limit, before, owner_uid=owner, recent_s=recent, array=array)
+    if kind == "restart_array":
+        array = f.req_int("array", 1, MAX_ID)
+        f.done()
+        return ArrayRef(kind, array)
     if kind in REF_TYPES:
         return _parse_ref(kind, f)
     if kind == "clean":
