@@ -11,7 +11,8 @@ from supervisor.client.arrays import array_options, parse_range, summaries
 from supervisor.core import commands as c
 from supervisor.core.admission import Candidate, Card, Hold, HostMemory, Plan, RunningJob, plan
 from supervisor.core.engine import step
-from supervisor.core.jobs import JobSpec
+from supervisor.core.jobqueue import JobQueue, used_before
+from supervisor.core.jobs import Job, JobSpec
 from supervisor.core.table import Table
 from supervisor.wire.sizes import ConfigError
 
@@ -145,3 +146,23 @@ def test_never_more_than_the_cap(
         before = sum(1 for r in running if r.array == a)
         new = sum(1 for x in cands if x.array == a and x.job_id in started)
         assert new == 0 or before + new <= cap
+
+
+def queued(job_id: int, array: int | None) -> Job:
+    return Job(job_id, spec(0 if array else None, array=array))
+
+
+def test_capped_jobs_settle_under_their_array_and_are_read_only_with_room() -> None:
+    q = JobQueue()
+    jobs = [queued(i, 1) for i in range(1, 6)] + [queued(9, None)]
+    for job in jobs:
+        q.add(job)
+    q.settle_array(jobs[1:])  # the lone job without an array is not settled
+    assert q.settled["array:1"] == [(0, i) for i in range(2, 6)]
+    assert [k[1] for k in q.keys(q.ends({"gpu": 0, "cpu": 0, "array:1": 0}, 8))] == [1, 9]
+    assert [k[1] for k in q.keys(q.ends({"gpu": 0, "cpu": 0, "array:1": 1}, 1))] == [1, 2, 3, 9]
+    q.unsettle(jobs[1])
+    for job in jobs[2:5]:
+        q.remove(job)
+    assert "array:1" not in q.settled and len(q) == 3
+    assert used_before([(jobs[1], ()), (jobs[5], ())], "array:1", (0, 100)) == 1

@@ -1,7 +1,8 @@
 """The jobs waiting to run, in queue order, indexed so that a dispatch pass costs the same
 with a hundred jobs queued as with a hundred thousand.
 
-A job held only because none of its kind of device (a card, a CPU slot) was free is
+A job held only because none of its kind of device (a card, a CPU slot) was free, or
+because its array already runs as many jobs as its cap allows (kind `array:ID`), is
 *settled*: evaluated again while none is free, it would be held again with the same
 words, so a pass leaves it out. A pass reads the live jobs, and of a kind's settled jobs
 only the first few when units of that kind are free (Dispatcher._plan checks that they
@@ -27,6 +28,16 @@ def kind_of(job: Job) -> str:
     return "gpu" if job.spec.gpus > 0 else "cpu"
 
 
+def array_kind(array_id: int) -> str:
+    return f"array:{array_id}"
+
+
+def in_kind(job: Job, kind: str) -> bool:
+    if kind.startswith("array:"):
+        return job.spec.array_id is not None and kind == array_kind(job.spec.array_id)
+    return kind_of(job) == kind
+
+
 def key_of(job: Job) -> Key:
     return (-job.spec.priority, job.id)
 
@@ -43,7 +54,7 @@ def used_before(
     used = 0
     taken: set[int] = set()
     for job, cards in started:
-        if kind_of(job) != kind or key_of(job) >= cut:
+        if not in_kind(job, kind) or key_of(job) >= cut:
             continue
         if kind != "gpu":
             used += 1
@@ -83,7 +94,13 @@ class JobQueue:
         """Take the job out (it started or ended); doing it twice is harmless."""
         kind = self.settled_kind.pop(job.id, None)
         _remove(self.live if kind is None else self.settled[kind], key_of(job))
+        self._forget(kind)
         self.set_hold(job.id, None)
+
+    def _forget(self, kind: str | None) -> None:
+        """An array's list goes once empty: passes look at every list they hold."""
+        if kind is not None and kind not in KINDS and not self.settled[kind]:
+            del self.settled[kind]
 
     def set_hold(self, job_id: int, reason: str | None) -> None:
         old = self.hold_of.pop(job_id, None)
@@ -114,11 +131,27 @@ class JobQueue:
         for job in new.values():
             self.settled_kind[job.id] = kind_of(job)
 
+    def settle_array(self, jobs: Iterable[Job]) -> None:
+        """Jobs held by their array's cap: read again only while their array has room."""
+        by_kind: dict[str, list[Key]] = {}
+        for job in jobs:
+            if job.id not in self.settled_kind and job.spec.array_id is not None:
+                kind = array_kind(job.spec.array_id)
+                by_kind.setdefault(kind, []).append(key_of(job))
+                self.settled_kind[job.id] = kind
+        if not by_kind:
+            return
+        new = {key for keys in by_kind.values() for key in keys}
+        self.live = [key for key in self.live if key not in new]
+        for kind, keys in by_kind.items():
+            self.settled[kind] = list(heapq.merge(self.settled.get(kind, []), sorted(keys)))
+
     def unsettle(self, job: Job) -> None:
         """Its wait changed: it is live again."""
         kind = self.settled_kind.pop(job.id, None)
         if kind is not None:
             _remove(self.settled[kind], key_of(job))
+            self._forget(kind)
             bisect.insort(self.live, key_of(job))
 
     def keys(self, ends: Mapping[str, int], extra: Iterable[list[Key]] = ()) -> Iterator[Key]:
@@ -130,7 +163,10 @@ class JobQueue:
     def ends(self, free: Mapping[str, int], w: int) -> dict[str, int]:
         """How many settled jobs of each kind a pass reads: none of a kind with no unit
         free, else as many as the free units plus `w`."""
-        return {k: min(len(v), free[k] + w if free[k] > 0 else 0) for k, v in self.settled.items()}
+        return {
+            k: min(len(v), free.get(k, 0) + w if free.get(k, 0) > 0 else 0)
+            for k, v in self.settled.items()
+        }
 
     def cuts(self, ends: Mapping[str, int]) -> dict[str, Key]:
         """Per kind, the first settled job that `keys(ends)` leaves out, if any."""
@@ -149,7 +185,7 @@ class JobQueue:
         order up to the first one that `possible` accepts: those a pass must still read,
         since the first may become admission.plan's barrier."""
         keys = self.settled[kind]
-        if now - self.oldest[kind] < limit:
+        if now - self.oldest.get(kind, now) < limit:  # an array's cap is never a barrier
             return []  # none has waited that long
         out, oldest = [], now
         for i in range(start, len(keys)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 import anyio
@@ -16,7 +17,7 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.commands import Changed, Dispatch
-from supervisor.core.jobqueue import DEVICE_HOLD, Key, kind_of, used_before
+from supervisor.core.jobqueue import DEVICE_HOLD, Key, array_kind, kind_of, used_before
 from supervisor.core.jobs import JobSpec, JobState
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
@@ -137,6 +138,7 @@ class Dispatcher:
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()
         full = {kind for kind, n in free.items() if n <= 0}
+        free.update(self._array_room())
         plan = self._plan(cards, free, now, now_wall)
         if plan.starts or plan.holds:
             projections = {
@@ -150,7 +152,7 @@ class Dispatcher:
     def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
         """Settle jobs held for their kind of device while none of it was free: in a pass
         that began so, or (needing one unit) in one that used the last unit up."""
-        settle = []
+        settle, capped = [], []
         for hold in holds:
             job = self.table.jobs.get(hold.job_id)
             if job is None or job.state is not JobState.QUEUED:
@@ -158,7 +160,25 @@ class Dispatcher:
             kind = kind_of(job)
             if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
                 settle.append(job)
+            elif hold.reason == "array":
+                capped.append(job)
         self.table.queue.settle(settle, self.table.held_since)
+        self.table.queue.settle_array(capped)
+
+    def _array_room(self) -> dict[str, int]:
+        """For each array with settled jobs: how many more of it may run now."""
+        running: Counter[int] = Counter()
+        for job_id in self.table.live:
+            spec = self._spec(job_id)
+            if spec is not None and spec.array_id is not None:
+                running[spec.array_id] += 1
+        room = {}
+        for kind, keys in self.table.queue.settled.items():
+            spec = self._spec(keys[0][1]) if kind.startswith("array:") and keys else None
+            if spec is not None and spec.array_id is not None:
+                cap = spec.max_running or 0
+                room[kind] = max(0, cap - running[spec.array_id])
+        return room
 
     def _plan(
         self, cards: list[admission.Card], free: dict[str, int], now: float, now_wall: float
@@ -187,7 +207,18 @@ class Dispatcher:
             started = [(self.table.jobs[s.job_id], s.gpus) for s in plan.starts]
             cuts = self.table.queue.cuts(ends)
             idle = {c.index for c in cards if c.healthy and not c.running}
-            if all(used_before(started, k, key, idle) >= free[k] for k, key in cuts.items()):
+            # An array's jobs are alike: once one was held for a device or RAM, the rest of
+            # it would have been too.
+            blocked = {
+                array_kind(job.spec.array_id)
+                for h in plan.holds
+                if h.reason != "array"
+                and (job := self.table.jobs[h.job_id]).spec.array_id is not None
+            }
+            if all(
+                k in blocked or used_before(started, k, key, idle) >= free.get(k, 0)
+                for k, key in cuts.items()
+            ):
                 return plan
             w *= 8
 
