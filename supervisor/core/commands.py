@@ -113,6 +113,15 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class HoldJob:
+    """`gpusv hold` (held=True) or `release` of a queued job, by that uid."""
+
+    job_id: int
+    held: bool
+    by_uid: int
+
+
+@dataclass(frozen=True)
 class Recover:
     """Start-up: the active jobs as stored, with what the shell found of their attempts."""
 
@@ -134,6 +143,7 @@ Command = (
     | Reclassify
     | HangSeen
     | Progress
+    | HoldJob
     | Recover
 )
 

@@ -21,6 +21,7 @@ from supervisor.core.commands import (
     Dispatch,
     Ended,
     HangSeen,
+    HoldJob,
     InsertJob,
     Kill,
     Now,
@@ -335,6 +336,20 @@ def _progress(d: _Draft, cmd: Progress) -> None:
         d.c.jobs[job.id] = dataclasses.replace(job, progress=cmd.match)
 
 
+def _hold_job(d: _Draft, cmd: HoldJob) -> None:
+    """Hold or release a queued job: it keeps its place; while held it does not start."""
+    job = d.job(cmd.job_id)
+    if job is None or job.state is not JobState.QUEUED or job.held == cmd.held:
+        return
+    note = f"held (gpusv release {job.id})" if cmd.held else None
+    if not cmd.held and d.pending(job.id):  # back to waiting for its parents
+        parents = ", ".join(map(str, sorted(d.pending(job.id) or ())))
+        note = f"waiting for job {parents}"
+    changed = dataclasses.replace(job, held=cmd.held, waiting_for=note, hold_reason=None)
+    kind = "held" if cmd.held else "released"
+    d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))
+
+
 def _recover(d: _Draft, cmd: Recover) -> None:
     """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
     is queued again as `interrupted` (charged to no budget), its attempt closed."""
@@ -390,6 +405,8 @@ def step(table: Table, cmd: Command, now: Now) -> Step:
             _reclassify(d, cmd)
         case Progress():
             _progress(d, cmd)
+        case HoldJob():
+            _hold_job(d, cmd)
         case Recover():
             _recover(d, cmd)
     return d.out

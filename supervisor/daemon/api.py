@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,17 +18,20 @@ from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.memkey import mem_key
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase
-from supervisor.daemon import views
+from supervisor.daemon import joblogs, jobrows, views
 from supervisor.daemon.access import Access, forbidden
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
+from supervisor.daemon.verbs import Verbs
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
     ArrayRef,
+    Clean,
     JobRef,
     ListJobs,
     ProtocolError,
@@ -60,7 +65,7 @@ class Api:
         access: Access,
         broker: Broker,
         *,
-        draining: Callable[[], bool],
+        dispatcher: Dispatcher,
         live_rss: Callable[[int], tuple[int, int, int] | None],
         card_count: Callable[[], int],
         card_vram_mb: Callable[[], int],
@@ -72,7 +77,8 @@ class Api:
         self.book = book
         self.access = access
         self.store = engine.store
-        self.draining = draining
+        self.dispatcher = dispatcher
+        self.draining: Callable[[], bool] = lambda: dispatcher.draining
         self.live_rss = live_rss
         self.waiters: dict[int, list[anyio.Event]] = {}
         self.starting: dict[int, list[anyio.Event]] = {}
@@ -84,6 +90,7 @@ class Api:
         self.logs_dir = cfg.state_dir / "logs"
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
+        self.verbs = Verbs(self)
 
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:
@@ -123,16 +130,23 @@ class Api:
         if isinstance(req, ListJobs):
             return dict(await self.list(req, peer))
         if isinstance(req, JobRef):
-            if req.type == "show":
-                return dict(await self.show(req, peer))
-            if req.type == "cancel":
-                return dict(await self.cancel(req, peer))
-            if req.type == "wait":
-                return dict(await self.wait(req, peer))
-            return dict(await self.logs(req, peer))
+            handlers: dict[str, Callable[[JobRef, Peer], Awaitable[Any]]] = {
+                "show": self.show,
+                "cancel": self.cancel,
+                "wait": self.wait,
+                "logs": self.logs,
+                "restart": self.verbs.restart,
+                "hold": self.verbs.hold,
+                "release": self.verbs.hold,
+            }
+            return dict(await handlers[req.type](req, peer))
+        if isinstance(req, Clean):
+            return await self.verbs.clean(req, peer)
         assert isinstance(req, Simple)
         if req.type == "ping":
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
+        if req.type in ("pause", "resume"):
+            return await self.verbs.pause(peer, req.type == "pause")
         if req.type not in self.simple:
             raise ProtocolError(protocol.UNKNOWN_TYPE, f"'{req.type}' is not served here")
         return await self.simple[req.type](peer)
@@ -143,8 +157,10 @@ class Api:
         opts = req.options
         cards = self.card_count()
         if opts.gpus > cards:
+            hint = "; submit with --gpus 0 for a CPU-only job" if cards == 0 else ""
             raise ProtocolError(
-                protocol.BAD_REQUEST, f"asks for {opts.gpus} GPUs; this machine has {cards}"
+                protocol.BAD_REQUEST,
+                f"asks for {opts.gpus} GPUs; this machine has {cards or 'none'}{hint}",
             )
         if opts.vram_mb is not None and opts.gpus and opts.vram_mb > self.card_vram_mb():
             raise ProtocolError(
@@ -170,7 +186,7 @@ class Api:
                     f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
                 )
 
-    async def _check_after(self, after: tuple[int, ...]) -> None:
+    async def check_after(self, after: tuple[int, ...]) -> None:
         for parent in after:
             if parent not in self.table.jobs and await self.store.get_job(parent) is None:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
@@ -186,7 +202,7 @@ class Api:
                 env=opts.env,
                 owner_uid=peer.uid,
                 owner_gid=peer.gid,
-                name=opts.name,
+                name=req.names[i] if req.names else opts.name,
                 labels=opts.labels,
                 gpus=opts.gpus,
                 vram_mb=opts.vram_mb,
@@ -202,6 +218,7 @@ class Api:
                 priority=opts.priority,
                 after=opts.after,
                 stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
+                time_limit_s=opts.time_limit_s,
                 share=opts.share,
                 **_array_fields(opts, i),
             )
@@ -240,7 +257,7 @@ class Api:
         if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self._check_fits(req)
-        await self._check_after(req.options.after)
+        await self.check_after(req.options.after)
         specs = self.specs(req, peer)
         await self._check_share(specs)
         if req.options.dry_run:
@@ -251,24 +268,37 @@ class Api:
                 out.append(views.job_json(job, host_memory=self.book.projection(spec)))
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
+        rid = req.options.request_id
+        ids, repeated = await self.enqueue(specs, peer.uid, rid)
+        if repeated:  # a repeat (a client retrying): the first jobs, not more
+            return await self._repeated(req, ids)
+        if req.options.run:
+            self.verbs.bind(peer, ids[0])
+        if req.type == "submit" and len(ids) == 1:
+            return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
+        return {"ok": True, "ids": ids}
+
+    async def enqueue(
+        self, specs: list[JobSpec], uid: int, request_id: str | None = None
+    ) -> tuple[list[int], bool]:
+        """Queue new jobs of `uid`, within its cap of active jobs: their ids, and whether
+        `request_id` was seen before (then the ids are the first submit's, nothing new)."""
         async with self.submitting:
-            rid = req.options.request_id
-            first = await self.store.request_ids(peer.uid, rid) if rid is not None else None
-            if first is not None:  # a repeat (a client retrying): the first jobs, not more
-                return await self._repeated(req, first)
-            queued = await self.store.queued_count(peer.uid)
+            if request_id is not None:
+                first = await self.store.request_ids(uid, request_id)
+                if first is not None:
+                    return first, True
+            queued = await self.store.queued_count(uid)
             if queued + len(specs) > self.cfg.max_queued_per_user:
                 raise ProtocolError(
                     protocol.LIMIT,
-                    f"uid {peer.uid} has {queued} active jobs; the limit is "
+                    f"uid {uid} has {queued} active jobs; the limit is "
                     f"{self.cfg.max_queued_per_user}",
                 )
             for key in {s.mem_key for s in specs}:
                 await self.book.load(key)
-            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs), request_id=rid)))
-        if req.type == "submit" and len(ids) == 1:
-            return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
-        return {"ok": True, "ids": ids}
+            done = await self.engine.do(SubmitJobs(tuple(specs), request_id=request_id))
+            return submitted_ids(done), False
 
     async def _repeated(self, req: Submit, ids: list[int]) -> SubmitReply:
         if req.type == "submit" and len(ids) == 1:
@@ -289,7 +319,16 @@ class Api:
         return job
 
     async def list(self, req: ListJobs, peer: Peer) -> ListReply:
-        rows = await self.store.list_jobs(req.states, req.limit, req.before_id, req.array)
+        since = None if req.recent_s is None else time.time() - req.recent_s
+        rows = await jobrows.list_jobs(
+            self.store,
+            req.states,
+            req.limit,
+            req.before_id,
+            owner_uid=req.owner_uid,
+            ended_since=since,
+            array=req.array,
+        )
         admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
         out: list[JobJson | PublicJobJson] = []
         for row in rows:
@@ -329,6 +368,8 @@ class Api:
         return {"ok": True, "job": obj}
 
     async def cancel(self, req: JobRef, peer: Peer) -> CancelReply:
+        if req.all:
+            req = dataclasses.replace(req, ids=self.verbs.own_active(peer))
         for job_id in req.ids:  # all allowed, or nothing is cancelled
             job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
             if job is not None and not self.access.may_act(peer, job):
@@ -372,17 +413,13 @@ class Api:
         if not self.access.may_act(peer, job):
             raise forbidden(f"logs of job {job.id}")
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(req.offset)
-                data = fh.read(LOG_CHUNK)
-        except FileNotFoundError:
-            data = b""
+        data, offset, size = joblogs.read(path, req.offset, LOG_CHUNK, req.tail_lines)
         return {
             "ok": True,
             "data_b64": base64.b64encode(data).decode(),
-            "offset": req.offset + len(data),
-            "done": job.state.terminal and len(data) < LOG_CHUNK,
+            "offset": offset + len(data),
+            "size": size,
+            "done": job.state.terminal and offset + len(data) >= size,
             "state": job.state.value,
         }
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from supervisor.wire.durations import parse_duration
 from supervisor.wire.locations import (
     SOCKET_ENV as SOCKET_ENV,  # re-exported: part of the config's API
 )
@@ -109,6 +110,12 @@ def _number(minimum: float, *, above: bool = False) -> Parser:
 def _string(value: object, key: str) -> str:
     if not isinstance(value, str):
         raise _fail(key, "must be a string", value)
+    return value
+
+
+def _bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(key, "must be true or false", value)
     return value
 
 
@@ -243,6 +250,28 @@ class JobsConfig:
     kill_grace_s: float = field(default=10.0, metadata={"parse": _number(0.0)})
 
 
+def _duration(value: object, key: str) -> float:
+    return parse_duration(value if isinstance(value, str | int | float) else str(value), key)
+
+
+def _bytes(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _fail(key, "must be a size like '1G'", value)
+    size = parse_size(value, key)
+    if size < 1 << 20:
+        raise _fail(key, "must be at least 1M", value)
+    return size
+
+
+@dataclass(frozen=True)
+class LogsConfig:
+    """Job output files: their size, their life, and Python's buffering."""
+
+    max_size: int = field(default=1 << 30, metadata={"parse": _bytes})  # per stream, per job
+    retention: float = field(default=30 * 86400.0, metadata={"parse": _duration})
+    python_unbuffered: bool = field(default=True, metadata={"parse": _bool})
+
+
 @dataclass(frozen=True)
 class HooksConfig:
     on_finish: tuple[str, ...] = field(default=(), metadata={"parse": _command})
@@ -281,6 +310,7 @@ class Config:
     jobs: JobsConfig = field(default_factory=JobsConfig, metadata=_SECTION)
     hooks: HooksConfig = field(default_factory=HooksConfig, metadata=_SECTION)
     limits: LimitsConfig = field(default_factory=LimitsConfig, metadata=_SECTION)
+    logs: LogsConfig = field(default_factory=LogsConfig, metadata=_SECTION)
     config_path: Path | None = None
 
     @property

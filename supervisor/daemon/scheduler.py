@@ -54,6 +54,7 @@ class Dispatcher:
         self.beat = beat
         self.wake = anyio.Event()
         self.draining = False
+        self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         total = read_meminfo().total_mb
         self.mem_total_mb = total
         self.limit_mb = cfg.host_memory.limit_mb(total)
@@ -73,7 +74,7 @@ class Dispatcher:
     def _candidates(self, now_wall: float, keys: Iterable[Key]) -> Iterator[admission.Candidate]:
         for _prio, job_id in keys:
             job = self.table.jobs[job_id]
-            if job.not_before > now_wall or job_id in self.table.pending:
+            if job.not_before > now_wall or job_id in self.table.pending or job.held:
                 continue
             yield admission.Candidate(
                 job_id=job_id,
@@ -128,7 +129,7 @@ class Dispatcher:
 
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any."""
-        if self.draining or not self.table.queue:
+        if self.draining or self.paused or not self.table.queue:
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
             return STORAGE_RECHECK_S

@@ -54,6 +54,8 @@ def job_json(
         "submitted_at": job.submitted_at,
         "started_at": job.started_at,
         "ended_at": job.ended_at,
+        "held": job.held,
+        "time_limit_s": spec.time_limit_s,
     }
     if attempts is not None:
         out["attempts"] = [cast(AttemptJson, a.to_json()) for a in attempts]

@@ -129,6 +129,8 @@ class JobJson(TypedDict):
     array_id: int | None
     array_index: int | None
     max_running: int | None
+    held: bool  # held with `gpusv hold`: does not start until released
+    time_limit_s: float | None  # wall-time limit per run (--time)
     submitted_at: str
     started_at: str | None
     ended_at: str | None
@@ -190,6 +192,7 @@ class LogsReply(TypedDict):
     ok: Literal[True]
     data_b64: str
     offset: int
+    size: int  # the log's size now, for --tail
     done: bool
     state: State
 
