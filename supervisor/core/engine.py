@@ -28,7 +28,6 @@ from supervisor.core.commands import (
     ProcessStarted,
     Progress,
     Reclassify,
-    RecordHang,
     Recover,
     SaveJob,
     SetPid,
@@ -39,6 +38,7 @@ from supervisor.core.commands import (
     Submit,
     Write,
 )
+from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
@@ -136,26 +136,6 @@ class _Draft:
         self.out.actions.append(AttemptEnded(done.job, done.attempt, live.cards))
         if done.attempt.reason == FailureReason.GPU_HANG.value:
             self.out.writes.append(hang_record(done.job, done.attempt, live.machine, self.now))
-
-
-def hang_record(
-    job: Job, attempt: Attempt, machine: dict[str, object] | None, now: Now
-) -> RecordHang:
-    """The job, its attempt and evidence, and the machine as read when the hang was seen."""
-    m = dict(machine or {})
-    return RecordHang(
-        {
-            **m,
-            "job": job.id,
-            "attempt": attempt.n,
-            "gpu": m.get("gpu", attempt.gpus[0] if attempt.gpus else None),
-            "at": m.get("at") or now.iso,
-            "evidence": attempt.evidence,
-            "labels": dict(job.spec.labels),
-            "name": job.spec.name or None,
-            "frame": job.progress,
-        }
-    )
 
 
 # ---- the commands -----------------------------------------------------------------------

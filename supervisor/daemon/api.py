@@ -15,7 +15,6 @@ import anyio
 from supervisor.core.commands import Cancel, Changed, ProcessStarted
 from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.core.memkey import mem_key
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase
 from supervisor.daemon import joblogs, jobrows, views
@@ -27,6 +26,7 @@ from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
+from supervisor.daemon.submit_specs import job_specs
 from supervisor.daemon.verbs import Verbs
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
@@ -38,7 +38,6 @@ from supervisor.wire.protocol import (
     Request,
     Simple,
     Submit,
-    SubmitOptions,
 )
 from supervisor.wire.shapes import (
     CancelReply,
@@ -192,38 +191,7 @@ class Api:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
 
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
-        o = self.cfg
-        opts = req.options
-        timeout = opts.progress_timeout_s
-        return [
-            JobSpec(
-                argv=argv,
-                cwd=opts.cwd,
-                env=opts.env,
-                owner_uid=peer.uid,
-                owner_gid=peer.gid,
-                name=req.names[i] if req.names else opts.name,
-                labels=opts.labels,
-                gpus=opts.gpus,
-                vram_mb=opts.vram_mb,
-                mem_mb=opts.mem_mb,
-                mem_key=mem_key(argv, opts.mem_key),
-                mem_scale=opts.mem_scale,
-                retries=o.retries.ordinary if opts.retries is None else opts.retries,
-                gpu_hang_retries=(
-                    o.retries.gpu_hang if opts.gpu_hang_retries is None else opts.gpu_hang_retries
-                ),
-                progress_timeout_s=o.watchdog.progress_timeout_s if timeout is None else timeout,
-                progress_regex=opts.progress_regex,
-                priority=opts.priority,
-                after=opts.after,
-                stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
-                time_limit_s=opts.time_limit_s,
-                share=opts.share,
-                **_array_fields(opts, i),
-            )
-            for i, argv in enumerate(req.argvs)
-        ]
+        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog)
 
     async def restart_array(self, req: ArrayRef, peer: Peer) -> dict[str, Any]:
         """The array's failed indices (those whose newest job failed) as new jobs of it."""
@@ -422,18 +390,3 @@ class Api:
             "done": job.state.terminal and offset + len(data) >= size,
             "state": job.state.value,
         }
-
-
-def _or(given: float | None, default: float) -> float | None:
-    """A job's own timeout, else the configured default; 0 (off) becomes None."""
-    value = default if given is None else given
-    return value or None
-
-
-def _array_fields(opts: SubmitOptions, i: int) -> dict[str, Any]:
-    """An array's i-th job carries its index; a batch with a cap is an array of its lines."""
-    if opts.array:
-        return {"array_index": opts.array[i], "max_running": opts.max_running}
-    if opts.max_running is not None:
-        return {"array_index": i, "max_running": opts.max_running}
-    return {}
