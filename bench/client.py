@@ -23,7 +23,7 @@ def _import_ms(d: BenchDaemon) -> float:
         check=True,
     )
     for line in done.stderr.splitlines():
-        match = re.match(r"import time:\s+\d+ \|\s+(\d+) \| supervisor\.cli$", line)
+        match = re.match(r"import time:\s+\d+ \|\s+(\d+) \| supervisor\.client\.cli$", line)
         if match:
             return round(int(match.group(1)) / 1000, 1)
     return float("nan")

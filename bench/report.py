@@ -61,6 +61,15 @@ def _client(r: Results) -> Target:
     return Target(name, ours <= 2 * bare, f"{ours} ms vs {bare} ms ({ours / bare:.2f}x)")
 
 
+def _list(r: Results) -> Target:
+    name = "list: gpusv list wall <= 30 ms against an idle daemon"
+    ours = _get(r, "client", "gpusv_list", "p50")
+    if ours is None:
+        return Target(name, None, "not measured")
+    bare = _get(r, "client", "bare_interpreter", "p50")
+    return Target(name, ours <= 30, f"{ours} ms (bare interpreter {bare} ms)")
+
+
 def _latency(r: Results) -> Target:
     name = "submit -> start p50 <= 15 ms over the CLI's own start-up"
     over = _get(r, "latency", "over_cli_ms", "p50")
@@ -98,6 +107,7 @@ TARGETS: list[Callable[[Results], Target]] = [
     _throughput,
     _batch,
     _client,
+    _list,
     _latency,
     _dispatch,
     _history("rss_mb", "daemon RSS <= 80 MB with 100,000 jobs of history", lambda v: v <= 80, "MB"),

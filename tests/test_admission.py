@@ -103,7 +103,7 @@ def test_the_story_two_63_gb_jobs_do_not_start_together() -> None:
     # 114 GB free (MemAvailable 120 less the 6 GB reserve): the first fits, 51 GB remain.
     p = run([cand(1, mb=63 * GB), cand(2, mb=63 * GB)])
     assert p.starts == (Start(1, (0,), 0),)
-    assert p.holds == (Hold(2, "host_ram", "waiting for host RAM: needs ~63 GB, ~51 GB free"),)
+    assert p.holds == (Hold(2, "host_ram", "waiting for host RAM: needs ~63 GiB, ~51 GiB free"),)
 
 
 def test_held_while_an_older_job_is_projected_to_grow() -> None:
@@ -214,7 +214,7 @@ def test_vram_goes_to_a_card_that_has_it_and_is_reserved() -> None:
     p = run([cand(1, vram_mb=20 * GB), cand(2, vram_mb=20 * GB)], cards=cards)
     assert p.starts == (Start(1, (1,), 20 * GB),)
     assert p.holds == (
-        Hold(2, "vram", "waiting for VRAM: needs ~20 GB on one card, ~8 GB free at most"),
+        Hold(2, "vram", "waiting for VRAM: needs ~20 GiB on one card, ~8 GiB free at most"),
     )
 
 
@@ -228,7 +228,7 @@ def test_gang_vram_message_counts_the_cards_that_have_it() -> None:
     cards = [Card(0, CARD, 0, True, ()), Card(1, CARD, 20 * GB, True, ())]
     p = run([cand(1, gpus=2, vram_mb=20 * GB)], cards=cards)
     assert p.holds == (
-        Hold(1, "vram", "waiting for VRAM: needs ~20 GB on each of 2 cards, 1 have it"),
+        Hold(1, "vram", "waiting for VRAM: needs ~20 GiB on each of 2 cards, 1 have it"),
     )
 
 
@@ -305,10 +305,10 @@ def test_same_input_same_plan() -> None:
 
 
 def test_gb_rounds_for_people() -> None:
-    assert gb(95_232) == "~93 GB"
-    assert gb(1536) == "~1.5 GB"
-    assert gb(2048) == "~2 GB"
-    assert gb(0) == "~0 GB"
+    assert gb(95_232) == "~93 GiB"
+    assert gb(1536) == "~1.5 GiB"
+    assert gb(2048) == "~2 GiB"
+    assert gb(0) == "~0 GiB"
 
 
 jobs = st.lists(
@@ -435,7 +435,7 @@ def test_the_ram_of_a_starving_cpu_job_is_set_aside_from_gpu_jobs() -> None:
     assert p.starts == (Start(3, (0,), 0),)
     assert p.holds == (
         Hold(1, "cpu", "waiting for a free CPU slot"),
-        Hold(2, "host_ram", "waiting for host RAM: needs ~20 GB, ~9 GB free"),
+        Hold(2, "host_ram", "waiting for host RAM: needs ~20 GiB, ~9 GiB free"),
     )
 
 
@@ -449,7 +449,7 @@ def test_behind_a_starving_vram_job_gpu_jobs_wait_and_cpu_jobs_run() -> None:
     p = run(candidates, cards=cards, cpu=1)
     assert p.starts == (Start(3, (), 0),)
     assert p.holds == (
-        Hold(1, "vram", "waiting for VRAM: needs ~22 GB on one card, ~20 GB free at most"),
+        Hold(1, "vram", "waiting for VRAM: needs ~22 GiB on one card, ~20 GiB free at most"),
         Hold(2, "vram", "waiting behind job 1, which waits for VRAM"),
     )
 
@@ -491,7 +491,7 @@ def test_a_job_with_exactly_the_free_ram_starts() -> None:
     p = run([cand(1, mb=111_616)], cards=cards, running=running)
     assert p.starts == (Start(1, (0,), 0),)
     p = run([cand(1, mb=111_617)], cards=cards, running=running)
-    assert p.holds == (Hold(1, "host_ram", "waiting for host RAM: needs ~109 GB, ~109 GB free"),)
+    assert p.holds == (Hold(1, "host_ram", "waiting for host RAM: needs ~109 GiB, ~109 GiB free"),)
 
 
 @pytest.mark.parametrize(
@@ -584,7 +584,7 @@ def test_vram_that_fits_exactly_fits() -> None:
 
 @pytest.mark.parametrize(
     ("mb", "text"),
-    [(10_650, "~10 GB"), (1_024_000, "~1000 GB"), (10_240, "~10 GB"), (1_536, "~1.5 GB")],
+    [(10_650, "~10 GiB"), (1_024_000, "~1000 GiB"), (10_240, "~10 GiB"), (1_536, "~1.5 GiB")],
 )
 def test_gb_by_table(mb: int, text: str) -> None:
     assert gb(mb) == text

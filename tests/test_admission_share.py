@@ -68,7 +68,7 @@ def test_six_seven_gig_jobs_go_three_to_a_card() -> None:
     assert sorted(where.values()).count((1,)) == 3
     assert [h.job_id for h in p.holds] == [7]
     assert p.holds[0].reason == "vram"
-    assert p.holds[0].message == "waiting for VRAM: needs ~7 GB, at most ~3 GB free on any card"
+    assert p.holds[0].message == "waiting for VRAM: needs ~7 GiB, at most ~3 GiB free on any card"
 
 
 def test_packs_onto_a_shared_card_before_taking_an_idle_one() -> None:
@@ -86,7 +86,7 @@ def test_best_fit_among_shared_cards() -> None:
 def test_live_use_by_others_counts_when_it_exceeds_the_reservations() -> None:
     p = run([shared(1, 7)], [card(0, used_gb=20), card(1, used_gb=20)])
     assert p.starts == ()
-    assert p.holds[0].message.startswith("waiting for VRAM: needs ~7 GB, at most ~4 GB")
+    assert p.holds[0].message.startswith("waiting for VRAM: needs ~7 GiB, at most ~4 GiB")
 
 
 def test_reservations_count_when_they_exceed_live_use() -> None:
@@ -111,7 +111,7 @@ def test_a_shared_job_never_joins_a_whole_card_job() -> None:
         [shared(2, 1)], [card(0, 1), card(1, 3)], [busy(1, 0, 0, is_shared=False), busy(3, 1, 23.5)]
     )
     assert p.holds == (
-        Hold(2, "vram", "waiting for VRAM: needs ~1 GB, at most ~0.5 GB free on any card"),
+        Hold(2, "vram", "waiting for VRAM: needs ~1 GiB, at most ~0.5 GiB free on any card"),
     )
 
 

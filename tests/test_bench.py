@@ -55,6 +55,7 @@ def test_targets_compare_against_their_thresholds() -> None:
         "throughput": False,  # fast enough, but slower than Task Spooler
         "batch": None,
         "gpusv": False,  # 2.5x the interpreter
+        "list:": None,
         "submit": None,
         "per-dispatch": True,
         "daemon": False,

@@ -368,7 +368,7 @@ def test_documented_example_loads(tmp_path: Path) -> None:
     sections = [
         f.name for f in fields(Config) if hasattr(getattr(cfg, f.name), "__dataclass_fields__")
     ]
-    assert len(sections) == 9
+    assert len(sections) == 10
     for section in sections:
         for f in fields(getattr(cfg, section)):
             chosen = getattr(getattr(cfg, section), f.name)

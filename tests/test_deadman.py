@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import anyio
+import psutil
 import pytest
 import structlog
 from structlog.testing import CapturingLogger
@@ -391,6 +392,9 @@ def test_report_survives_a_broken_provider_and_reads_real_processes(tmp_path: Pa
     smi.chmod(0o755)
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
+        deadline = time.monotonic() + 20  # just forked, it may not be asleep yet under load
+        while psutil.Process(sleeper.pid).status() != "sleeping" and time.monotonic() < deadline:
+            time.sleep(0.01)
 
         def broken() -> list[str]:
             raise RuntimeError("kernel-log watcher gone")

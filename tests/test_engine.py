@@ -60,7 +60,7 @@ def test_a_submit_takes_the_next_ids_and_queues() -> None:
 def test_a_hold_is_shown_and_evented_once_per_wait() -> None:
     t = Table()
     run(t, c.Submit((spec(),)))
-    ram = Hold(1, "host_ram", "waiting for host RAM: needs ~60 GB, ~30 GB free")
+    ram = Hold(1, "host_ram", "waiting for host RAM: needs ~60 GiB, ~30 GiB free")
     out = run(t, c.Dispatch((), (ram,)))
     assert events(out) == ["queue_wait"]
     assert (t.jobs[1].hold_reason, t.jobs[1].waiting_for) == (ram.reason, ram.message)

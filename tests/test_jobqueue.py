@@ -101,9 +101,9 @@ def one_pass(sched: Dispatcher) -> None:
             current = sched.table.jobs[hold.job_id]
             assert sched.table.queue.settled_kind.get(hold.job_id) is not None
             assert (current.hold_reason, current.waiting_for) == (hold.reason, hold.message)
-    out = step(sched.table, Dispatch(plan.starts, plan.holds), Now(1e9, monotonic()))
+    full = frozenset(kind for kind, n in free.items() if n <= 0)
+    out = step(sched.table, Dispatch(plan.starts, plan.holds, full=full), Now(1e9, monotonic()))
     sched.table.apply(out.changes)
-    sched._settle(plan.holds, {kind for kind, n in free.items() if n <= 0})
 
 
 def end_one(sched: Dispatcher, pick: int) -> None:

@@ -29,7 +29,7 @@ def test_budget_for(reason: FailureReason, budget: str | None) -> None:
 
 
 def test_never_retried() -> None:
-    assert {R.SPAWN_FAILED, R.CANCELLED, R.DEPENDENCY_FAILED} == NEVER_RETRIED
+    assert {R.SPAWN_FAILED, R.CANCELLED, R.DEPENDENCY_FAILED, R.TIMEOUT} == NEVER_RETRIED
 
 
 def act(reason: FailureReason, ordinary: tuple[int, int], hang: tuple[int, int]) -> Retry | Fail:

@@ -37,7 +37,7 @@ def snapshot(**over: Any) -> dict[str, Any]:
                 "progress": "step 1200/5000",
             }
         ],
-        "held": [{"id": 15, "name": "big", "waiting_for": "waiting for host RAM: needs ~93 GB"}],
+        "held": [{"id": 15, "name": "big", "waiting_for": "waiting for host RAM: needs ~93 GiB"}],
         "queued": 1,
         "recent_hangs": [
             {
@@ -65,15 +65,15 @@ def snapshot(**over: Any) -> dict[str, Any]:
 def test_every_section_shows_its_rows() -> None:
     text = "\n".join(render(snapshot(), 200, 100))
     assert "1 running, 1 queued (1 waiting), GPUs 1/2 ok" in text
-    assert "limit 120.0G  available 60.0G  projected 40.0G  free for new 15.0G" in text
+    assert "limit 120.0GiB  available 60.0GiB  projected 40.0GiB  free for new 15.0GiB" in text
     assert "! GPU 1 (0000:02:00.0) is lost" in text
     row = next(line for line in text.splitlines() if line.startswith("12 "))
-    for cell in ("1:02:03", "10.0G", "12.0G", "step 1200/5000", "python train.py --epochs 3"):
+    for cell in ("1:02:03", "10.0GiB", "12.0GiB", "step 1200/5000", "python train.py --epochs 3"):
         assert cell in row
     assert any(
         line.startswith("15 ") and "waiting for host RAM" in line for line in text.split("\n")
     )
-    assert "0000:01:00.0  97%   20.0G/24.0G  ok" in text
+    assert "0000:01:00.0  97%   20.0GiB/24.0GiB  ok" in text
     assert "RECENT HANGS (1)" in text and "550.54.15" in text
 
 
@@ -104,8 +104,8 @@ def test_without_a_terminal_prints_one_snapshot_whole() -> None:
 
 def test_figures() -> None:
     assert size_text(None) == "-"
-    assert size_text(512) == "512M"
-    assert size_text(1536) == "1.5G"
-    assert size_text(2 << 20) == "2.0T"
+    assert size_text(512) == "512MiB"
+    assert size_text(1536) == "1.5GiB"
+    assert size_text(2 << 20) == "2.0TiB"
     assert duration_text(5) == "0:05"
     assert duration_text(3723) == "1:02:03"

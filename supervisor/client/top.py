@@ -30,13 +30,13 @@ UNLIMITED = sys.maxsize
 
 
 def size_text(mb: float | None) -> str:
-    """MiB as a short figure: 512M, 1.5G, 2.0T."""
+    """MiB as a short figure: 512MiB, 1.5GiB, 2.0TiB."""
     if mb is None:
         return "-"
-    for unit, scale in (("T", 1 << 20), ("G", 1 << 10)):
+    for unit, scale in (("TiB", 1 << 20), ("GiB", 1 << 10)):
         if mb >= scale:
             return f"{mb / scale:.1f}{unit}"
-    return f"{mb:.0f}M"
+    return f"{mb:.0f}MiB"
 
 
 def duration_text(seconds: float) -> str:
@@ -67,6 +67,8 @@ def _header(snap: dict[str, Any]) -> list[str]:
         f"gpusv top: {len(snap['running'])} running, {snap['queued']} queued "
         f"({len(snap['held'])} waiting), GPUs {ok}/{len(gpus)} ok"
     )
+    if snap.get("paused"):
+        line += "  [paused: no new job starts; gpusv resume]"
     out = [f"{line}  [draining]" if snap.get("draining") else line]
     host = snap.get("host_memory")
     if host:

@@ -345,8 +345,8 @@ def _could_run(gpus: int, vram_mb: int | None, healthy_vram: Sequence[int]) -> b
 
 
 def gb(mb: int) -> str:
-    """A size for people: "~93 GB", or "~1.5 GB" below 10 GB."""
+    """A size for people: "~93 GiB", or "~1.5 GiB" below 10 GiB."""
     size = mb / 1024
     if size >= 10:
-        return f"~{round(size)} GB"
-    return f"~{size:.1f}".removesuffix(".0") + " GB"
+        return f"~{round(size)} GiB"
+    return f"~{size:.1f}".removesuffix(".0") + " GiB"

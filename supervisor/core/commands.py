@@ -33,6 +33,7 @@ class Now:
 class Submit:
     specs: tuple[JobSpec, ...]
     ended_parents: dict[int, JobState] = field(default_factory=dict)  # --after, not active
+    request_id: str | None = None  # the client's: kept with the jobs, so a repeat finds them
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Dispatch:
     holds: tuple[Hold, ...]
     projections: dict[int, Projection | None] = field(default_factory=dict)
     uuids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the cards' UUIDs
+    full: frozenset[str] = frozenset()  # kinds of device ("gpu", "cpu") none of which was free
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,15 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class HoldJob:
+    """`gpusv hold` (held=True) or `release` of a queued job, by that uid."""
+
+    job_id: int
+    held: bool
+    by_uid: int
+
+
+@dataclass(frozen=True)
 class Recover:
     """Start-up: the active jobs as stored, with what the shell found of their attempts."""
 
@@ -137,6 +148,7 @@ Command = (
     | Reclassify
     | HangSeen
     | Progress
+    | HoldJob
     | Recover
 )
 

@@ -21,13 +21,13 @@ from supervisor.core.commands import (
     Dispatch,
     Ended,
     HangSeen,
+    HoldJob,
     InsertJob,
     Kill,
     Now,
     ProcessStarted,
     Progress,
     Reclassify,
-    RecordHang,
     Recover,
     SaveJob,
     SetPid,
@@ -38,6 +38,8 @@ from supervisor.core.commands import (
     Submit,
     Write,
 )
+from supervisor.core.hang_record import hang_record
+from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt, Event
@@ -136,26 +138,6 @@ class _Draft:
             self.out.writes.append(hang_record(done.job, done.attempt, live.machine, self.now))
 
 
-def hang_record(
-    job: Job, attempt: Attempt, machine: dict[str, object] | None, now: Now
-) -> RecordHang:
-    """The job, its attempt and evidence, and the machine as read when the hang was seen."""
-    m = dict(machine or {})
-    return RecordHang(
-        {
-            **m,
-            "job": job.id,
-            "attempt": attempt.n,
-            "gpu": m.get("gpu", attempt.gpus[0] if attempt.gpus else None),
-            "at": m.get("at") or now.iso,
-            "evidence": attempt.evidence,
-            "labels": dict(job.spec.labels),
-            "name": job.spec.name or None,
-            "frame": job.progress,
-        }
-    )
-
-
 # ---- the commands -----------------------------------------------------------------------
 
 
@@ -184,6 +166,16 @@ def _dispatch(d: _Draft, cmd: Dispatch) -> None:
         _hold(d, hold)
     for start in cmd.starts:
         _claim(d, start, cmd)
+    d.c.settle = [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
+
+
+def _settles(job: Job | None, hold: Hold, full: frozenset[str]) -> bool:
+    """Held for its kind of device while none of it was free: in a pass that began so,
+    or (needing one unit) in one that used the last unit up (jobqueue's settled jobs)."""
+    if job is None or job.state is not JobState.QUEUED:
+        return False
+    kind = kind_of(job)
+    return hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1)
 
 
 def _hold(d: _Draft, hold: Hold) -> None:
@@ -341,6 +333,20 @@ def _adopt(d: _Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
     d.out.actions.append(Changed(None, job))
 
 
+def _hold_job(d: _Draft, cmd: HoldJob) -> None:
+    """Hold or release a queued job: it keeps its place; while held it does not start."""
+    job = d.job(cmd.job_id)
+    if job is None or job.state is not JobState.QUEUED or job.held == cmd.held:
+        return
+    note = f"held (gpusv release {job.id})" if cmd.held else None
+    if not cmd.held and d.pending(job.id):  # back to waiting for its parents
+        parents = ", ".join(map(str, sorted(d.pending(job.id) or ())))
+        note = f"waiting for job {parents}"
+    changed = dataclasses.replace(job, held=cmd.held, waiting_for=note, hold_reason=None)
+    kind = "held" if cmd.held else "released"
+    d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))
+
+
 def _recover(d: _Draft, cmd: Recover) -> None:
     """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
     is queued again as `interrupted` (charged to no budget), its attempt closed."""
@@ -399,6 +405,8 @@ def step(table: Table, cmd: Command, now: Now) -> Step:
             _reclassify(d, cmd)
         case Progress():
             _progress(d, cmd)
+        case HoldJob():
+            _hold_job(d, cmd)
         case Recover():
             _recover(d, cmd)
     return d.out

@@ -34,6 +34,7 @@ class FailureReason(StrEnum):
     SPAWN_FAILED = "spawn_failed"
     CANCELLED = "cancelled"
     DEPENDENCY_FAILED = "dependency_failed"
+    TIMEOUT = "timeout"  # ran past its --time wall-time limit
 
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
@@ -81,6 +82,7 @@ class JobSpec:
     progress_regex: str | None = None
     priority: int = 0
     after: tuple[int, ...] = ()
+    time_limit_s: float | None = None  # per attempt; past it: stopped, reason timeout
     stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
     share: bool = False  # may share its one card with other shared jobs, VRAM permitting
     array_id: int | None = None  # the array it belongs to: the id of the array's first job
@@ -106,6 +108,7 @@ class Job:
     attempts: int = 0
     not_before: float = 0.0  # wall-clock epoch seconds; retry backoff
     progress: str | None = None
+    held: bool = False  # `gpusv hold`: a queued job that must not start
 
 
 def transition(

@@ -63,6 +63,9 @@ def failure(f: Facts) -> tuple[FailureReason | None, dict[str, Any] | None]:
 def _message(reason: FailureReason, f: Facts) -> str:
     if f.spawn_error:
         return f.spawn_error
+    limit = (f.kill_evidence or {}).get("limit_s") if reason is FailureReason.TIMEOUT else None
+    if limit:
+        return f"past its wall-time limit of {limit:g}s"
     if f.status is None:
         return reason.value
     if f.status.exit_code is not None:

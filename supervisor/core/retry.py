@@ -9,9 +9,15 @@ from supervisor.core.jobs import FailureReason
 
 Budget = Literal["ordinary", "gpu_hang"]
 
-# A missing executable or an unusable cwd will not fix itself; a cancel is the user's word.
+# A missing executable or an unusable cwd will not fix itself; a cancel is the user's
+# word; a run past its wall-time limit would only run past it again.
 NEVER_RETRIED = frozenset(
-    {FailureReason.SPAWN_FAILED, FailureReason.CANCELLED, FailureReason.DEPENDENCY_FAILED}
+    {
+        FailureReason.SPAWN_FAILED,
+        FailureReason.CANCELLED,
+        FailureReason.DEPENDENCY_FAILED,
+        FailureReason.TIMEOUT,
+    }
 )
 
 

@@ -47,13 +47,9 @@ class Changes:
     announced: set[int] = field(default_factory=set)
     pending: dict[int, frozenset[int] | None] = field(default_factory=dict)
     dependents: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
+    settle: list[int] = field(default_factory=list)  # held for a device none of was free
     seq: int | None = None
     next_id: int | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self.jobs or self.live or self.held_since or self.announced) or bool(
-            self.pending or self.dependents or self.seq is not None or self.next_id is not None
-        )
 
 
 class Table:
@@ -86,6 +82,9 @@ class Table:
         queued = [i for i in c.held_since if self._queued(i)]
         self.held_since.update({i: c.held_since[i] for i in queued})
         self.announced.update(i for i in c.announced if self._queued(i))
+        settle = [self.jobs[i] for i in c.settle if self._queued(i)]
+        if settle:
+            self.queue.settle(settle, self.held_since)
         self.seq = c.seq if c.seq is not None else self.seq
         self.next_id = c.next_id if c.next_id is not None else self.next_id
         return changed

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,27 +15,40 @@ import anyio
 from supervisor.core.commands import Cancel, Changed, ProcessStarted
 from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.core.memkey import mem_key
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase
-from supervisor.daemon import views
+from supervisor.daemon import joblogs, jobrows, views
 from supervisor.daemon.access import Access, forbidden
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
+from supervisor.daemon.submit_specs import job_specs
+from supervisor.daemon.verbs import Verbs
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
     ArrayRef,
+    Clean,
     JobRef,
     ListJobs,
     ProtocolError,
     Request,
     Simple,
     Submit,
-    SubmitOptions,
+)
+from supervisor.wire.shapes import (
+    CancelReply,
+    CancelResult,
+    JobJson,
+    ListReply,
+    LogsReply,
+    PublicJobJson,
+    ShowReply,
+    SubmitReply,
+    WaitReply,
 )
 
 LOG_CHUNK = 512 * 1024
@@ -48,7 +64,7 @@ class Api:
         access: Access,
         broker: Broker,
         *,
-        draining: Callable[[], bool],
+        dispatcher: Dispatcher,
         live_rss: Callable[[int], tuple[int, int, int] | None],
         card_count: Callable[[], int],
         card_vram_mb: Callable[[], int],
@@ -60,7 +76,8 @@ class Api:
         self.book = book
         self.access = access
         self.store = engine.store
-        self.draining = draining
+        self.dispatcher = dispatcher
+        self.draining: Callable[[], bool] = lambda: dispatcher.draining
         self.live_rss = live_rss
         self.waiters: dict[int, list[anyio.Event]] = {}
         self.starting: dict[int, list[anyio.Event]] = {}
@@ -72,6 +89,7 @@ class Api:
         self.logs_dir = cfg.state_dir / "logs"
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
+        self.verbs = Verbs(self)
 
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:
@@ -105,22 +123,29 @@ class Api:
 
     async def _handle(self, req: Request, peer: Peer) -> dict[str, Any]:
         if isinstance(req, Submit):
-            return await self.submit(req, peer)
+            return dict(await self.submit(req, peer))
         if isinstance(req, ArrayRef):
             return await self.restart_array(req, peer)
         if isinstance(req, ListJobs):
-            return await self.list(req, peer)
+            return dict(await self.list(req, peer))
         if isinstance(req, JobRef):
-            handler = {
+            handlers: dict[str, Callable[[JobRef, Peer], Awaitable[Any]]] = {
                 "show": self.show,
                 "cancel": self.cancel,
                 "wait": self.wait,
                 "logs": self.logs,
-            }[req.type]
-            return await handler(req, peer)
+                "restart": self.verbs.restart,
+                "hold": self.verbs.hold,
+                "release": self.verbs.hold,
+            }
+            return dict(await handlers[req.type](req, peer))
+        if isinstance(req, Clean):
+            return await self.verbs.clean(req, peer)
         assert isinstance(req, Simple)
         if req.type == "ping":
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}
+        if req.type in ("pause", "resume"):
+            return await self.verbs.pause(peer, req.type == "pause")
         if req.type not in self.simple:
             raise ProtocolError(protocol.UNKNOWN_TYPE, f"'{req.type}' is not served here")
         return await self.simple[req.type](peer)
@@ -131,8 +156,10 @@ class Api:
         opts = req.options
         cards = self.card_count()
         if opts.gpus > cards:
+            hint = "; submit with --gpus 0 for a CPU-only job" if cards == 0 else ""
             raise ProtocolError(
-                protocol.BAD_REQUEST, f"asks for {opts.gpus} GPUs; this machine has {cards}"
+                protocol.BAD_REQUEST,
+                f"asks for {opts.gpus} GPUs; this machine has {cards or 'none'}{hint}",
             )
         if opts.vram_mb is not None and opts.gpus and opts.vram_mb > self.card_vram_mb():
             raise ProtocolError(
@@ -158,43 +185,13 @@ class Api:
                     f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
                 )
 
-    async def _check_after(self, after: tuple[int, ...]) -> None:
+    async def check_after(self, after: tuple[int, ...]) -> None:
         for parent in after:
             if parent not in self.table.jobs and await self.store.get_job(parent) is None:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
 
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
-        o = self.cfg
-        opts = req.options
-        timeout = opts.progress_timeout_s
-        return [
-            JobSpec(
-                argv=argv,
-                cwd=opts.cwd,
-                env=opts.env,
-                owner_uid=peer.uid,
-                owner_gid=peer.gid,
-                name=opts.name,
-                labels=opts.labels,
-                gpus=opts.gpus,
-                vram_mb=opts.vram_mb,
-                mem_mb=opts.mem_mb,
-                mem_key=mem_key(argv, opts.mem_key),
-                mem_scale=opts.mem_scale,
-                retries=o.retries.ordinary if opts.retries is None else opts.retries,
-                gpu_hang_retries=(
-                    o.retries.gpu_hang if opts.gpu_hang_retries is None else opts.gpu_hang_retries
-                ),
-                progress_timeout_s=o.watchdog.progress_timeout_s if timeout is None else timeout,
-                progress_regex=opts.progress_regex,
-                priority=opts.priority,
-                after=opts.after,
-                stall_timeout_s=_or(opts.stall_timeout_s, o.watchdog.stall_timeout_s),
-                share=opts.share,
-                **_array_fields(opts, i),
-            )
-            for i, argv in enumerate(req.argvs)
-        ]
+        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog)
 
     async def restart_array(self, req: ArrayRef, peer: Peer) -> dict[str, Any]:
         """The array's failed indices (those whose newest job failed) as new jobs of it."""
@@ -223,40 +220,64 @@ class Api:
             ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
         return {"ok": True, "ids": ids}
 
-    async def submit(self, req: Submit, peer: Peer) -> dict[str, Any]:
+    async def submit(self, req: Submit, peer: Peer) -> SubmitReply:
         self.access.may_submit(peer)
         if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self._check_fits(req)
-        await self._check_after(req.options.after)
+        await self.check_after(req.options.after)
         specs = self.specs(req, peer)
         await self._check_share(specs)
         if req.options.dry_run:
-            out = []
+            out: list[JobJson] = []
             for spec in specs:
                 await self.book.load(spec.mem_key)
                 job = Job(id=0, spec=spec)
                 out.append(views.job_json(job, host_memory=self.book.projection(spec)))
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
-        async with self.submitting:
-            queued = await self.store.queued_count(peer.uid)
-            if queued + len(specs) > self.cfg.max_queued_per_user:
-                raise ProtocolError(
-                    protocol.LIMIT,
-                    f"uid {peer.uid} has {queued} active jobs; the limit is "
-                    f"{self.cfg.max_queued_per_user}",
-                )
-            for key in {s.mem_key for s in specs}:
-                await self.book.load(key)
-            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
+        rid = req.options.request_id
+        ids, repeated = await self.enqueue(specs, peer.uid, rid)
+        if repeated:  # a repeat (a client retrying): the first jobs, not more
+            return await self._repeated(req, ids)
+        if req.options.run:
+            self.verbs.bind(peer, ids[0])
         if req.type == "submit" and len(ids) == 1:
             return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
         return {"ok": True, "ids": ids}
 
+    async def enqueue(
+        self, specs: list[JobSpec], uid: int, request_id: str | None = None
+    ) -> tuple[list[int], bool]:
+        """Queue new jobs of `uid`, within its cap of active jobs: their ids, and whether
+        `request_id` was seen before (then the ids are the first submit's, nothing new)."""
+        async with self.submitting:
+            if request_id is not None:
+                first = await self.store.request_ids(uid, request_id)
+                if first is not None:
+                    return first, True
+            queued = await self.store.queued_count(uid)
+            if queued + len(specs) > self.cfg.max_queued_per_user:
+                raise ProtocolError(
+                    protocol.LIMIT,
+                    f"uid {uid} has {queued} active jobs; the limit is "
+                    f"{self.cfg.max_queued_per_user}",
+                )
+            for key in {s.mem_key for s in specs}:
+                await self.book.load(key)
+            done = await self.engine.do(SubmitJobs(tuple(specs), request_id=request_id))
+            return submitted_ids(done), False
+
+    async def _repeated(self, req: Submit, ids: list[int]) -> SubmitReply:
+        if req.type == "submit" and len(ids) == 1:
+            with contextlib.suppress(ProtocolError):  # the job may have been cleaned since
+                view = self.job_view(await self._job(ids[0]))
+                return {"ok": True, "ids": ids, "job": view, "repeated": True}
+        return {"ok": True, "ids": ids, "repeated": True}
+
     # ---- reading --------------------------------------------------------------------
 
-    def job_view(self, job: Job) -> dict[str, Any]:
+    def job_view(self, job: Job) -> JobJson:
         return views.job_json(job, host_memory=self.book.projection(job.spec))
 
     async def _job(self, job_id: int) -> Job:
@@ -265,10 +286,19 @@ class Api:
             raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
         return job
 
-    async def list(self, req: ListJobs, peer: Peer) -> dict[str, Any]:
-        rows = await self.store.list_jobs(req.states, req.limit, req.before_id, req.array)
+    async def list(self, req: ListJobs, peer: Peer) -> ListReply:
+        since = None if req.recent_s is None else time.time() - req.recent_s
+        rows = await jobrows.list_jobs(
+            self.store,
+            req.states,
+            req.limit,
+            req.before_id,
+            owner_uid=req.owner_uid,
+            ended_since=since,
+            array=req.array,
+        )
         admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
-        out = []
+        out: list[JobJson | PublicJobJson] = []
         for row in rows:
             job = self.table.jobs.get(row.id, row)
             full = self.job_view(job)
@@ -276,7 +306,7 @@ class Api:
             out.append(full if mine else views.public_view(full))
         return {"ok": True, "jobs": out}
 
-    async def show(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def show(self, req: JobRef, peer: Peer) -> ShowReply:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
@@ -298,18 +328,21 @@ class Api:
             job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
         )
         live = self.live_rss(job.id)
-        if live is not None and obj["attempts"]:  # the running attempt's figures so far
-            obj["attempts"][-1]["rss_mb"], peak, peak_vram = live
-            obj["attempts"][-1]["peak_rss_mb"] = peak or None
-            obj["attempts"][-1]["peak_vram_mb"] = peak_vram or None
+        shown = obj.get("attempts")
+        if live is not None and shown:  # the running attempt's figures so far
+            shown[-1]["rss_mb"], peak, peak_vram = live
+            shown[-1]["peak_rss_mb"] = peak or None
+            shown[-1]["peak_vram_mb"] = peak_vram or None
         return {"ok": True, "job": obj}
 
-    async def cancel(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def cancel(self, req: JobRef, peer: Peer) -> CancelReply:
+        if req.all:
+            req = dataclasses.replace(req, ids=self.verbs.own_active(peer))
         for job_id in req.ids:  # all allowed, or nothing is cancelled
             job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
             if job is not None and not self.access.may_act(peer, job):
                 raise forbidden(f"cancel job {job_id} of uid {job.spec.owner_uid}")
-        results = []
+        results: list[CancelResult] = []
         for job_id in req.ids:
             try:
                 job = await self._job(job_id)
@@ -322,12 +355,14 @@ class Api:
             await self.engine.do(Cancel(job_id))
             # Cancelled only when nothing of the job will run; else its attempt is
             # being stopped, and it ends cancelled all the same.
-            state = "cancelling" if job_id in self.table.jobs else "cancelled"
-            results.append({"id": job_id, "ok": True, "state": state})
+            running = job_id in self.table.jobs
+            results.append(
+                {"id": job_id, "ok": True, "state": "cancelling" if running else "cancelled"}
+            )
         return {"ok": True, "results": results}
 
-    async def wait(self, req: JobRef, peer: Peer) -> dict[str, Any]:
-        done: list[dict[str, Any]] = []
+    async def wait(self, req: JobRef, peer: Peer) -> WaitReply:
+        done: list[JobJson | PublicJobJson] = []
         with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
             for job_id in req.ids:
                 job = await self._job(job_id)
@@ -341,36 +376,17 @@ class Api:
             return {"ok": True, "jobs": done, "timed_out": False}
         return {"ok": True, "jobs": done, "timed_out": True}
 
-    async def logs(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+    async def logs(self, req: JobRef, peer: Peer) -> LogsReply:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"logs of job {job.id}")
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(req.offset)
-                data = fh.read(LOG_CHUNK)
-        except FileNotFoundError:
-            data = b""
+        data, offset, size = joblogs.read(path, req.offset, LOG_CHUNK, req.tail_lines)
         return {
             "ok": True,
             "data_b64": base64.b64encode(data).decode(),
-            "offset": req.offset + len(data),
-            "done": job.state.terminal and len(data) < LOG_CHUNK,
+            "offset": offset + len(data),
+            "size": size,
+            "done": job.state.terminal and offset + len(data) >= size,
             "state": job.state.value,
         }
-
-
-def _or(given: float | None, default: float) -> float | None:
-    """A job's own timeout, else the configured default; 0 (off) becomes None."""
-    value = default if given is None else given
-    return value or None
-
-
-def _array_fields(opts: SubmitOptions, i: int) -> dict[str, Any]:
-    """An array's i-th job carries its index; a batch with a cap is an array of its lines."""
-    if opts.array:
-        return {"array_index": opts.array[i], "max_running": opts.max_running}
-    if opts.max_running is not None:
-        return {"array_index": i, "max_running": opts.max_running}
-    return {}

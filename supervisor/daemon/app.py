@@ -20,7 +20,7 @@ import structlog
 
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason, JobState
-from supervisor.daemon import cgroups, logs, oom, reload
+from supervisor.daemon import cgroups, joblogs, logs, oom, reload
 from supervisor.daemon.access import Access
 from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
@@ -60,6 +60,7 @@ from supervisor.daemon.telemetry import Telemetry
 from supervisor.gpus import GpuError, open_backend
 from supervisor.gpus.nvml_events import nvml_xid_sources
 from supervisor.gpus.release import release_backend
+from supervisor.wire.locations import config_path
 
 log = structlog.get_logger("gpusvd")
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
@@ -189,7 +190,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         book,
         access,
         broker,
-        draining=lambda: dispatcher.draining,
+        dispatcher=dispatcher,
         live_rss=runner.live_rss,
         card_count=lambda: len(monitor.cards),
         card_vram_mb=lambda: max((c.vram_total_mb for c in monitor.cards), default=0),
@@ -205,6 +206,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         idle_timeout_s=cfg.limits.idle_timeout_s,
         admit=access.admit,
     )
+    server.on_close = api.verbs.connection_closed
     return Parts(
         cfg,
         store,
@@ -329,6 +331,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             if interval is not None:
                 await tg.start(watchdog_task_for(parts, interval))
             await tg.start(StallDetector().run)
+            tg.start_soon(joblogs.retention_task, parts.cfg, lambda: set(parts.engine.table.jobs))
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
             parts.phase = Phase.SERVING
@@ -355,8 +358,8 @@ async def run(cfg: Config, load_config: Callable[[], Config] | None = None) -> i
     pidfd_child_watcher()
     cgroups.settle_delegated()  # under Delegate=yes: into a leaf, job cgroups beside it
     warning = oom.daemon_self_adjust()
-    if warning:
-        log.warning(warning)
+    if warning:  # normal off systemd (no CAP_SYS_RESOURCE): worth a line, not a warning
+        log.info(warning)
     parts = await build(cfg, load_config)
     try:
         async with anyio.create_task_group() as tg:
@@ -380,14 +383,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     }
     try:
         uid = os.geteuid()
-        cfg = load(args.config, flags=flags, env=os.environ, uid=uid)
+        path = config_path(args.config, os.environ)
+        cfg = load(path, flags=flags, env=os.environ, uid=uid)
         abort_deadline_s(cfg.deadman.abort_deadline_s, os.environ)
         logs.configure(cfg.log_format, args.log_level)
     except (ConfigError, ValueError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        code = anyio.run(run, cfg, lambda: load(args.config, flags=flags, env=os.environ, uid=uid))
+        code = anyio.run(run, cfg, lambda: load(path, flags=flags, env=os.environ, uid=uid))
     except (StartupError, StoreOpenError) as exc:
         print(f"gpusvd: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -26,8 +26,9 @@ from supervisor.core.commands import Ended, Kill, Spawn, Spawning, Started, Stop
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, classify_exit
 from supervisor.core.outcome import Facts
 from supervisor.core.table import Phase
-from supervisor.daemon import oom
+from supervisor.daemon import joblogs, oom
 from supervisor.daemon.broker import Broker
+from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
@@ -144,10 +145,14 @@ class Runner:
         env = apply_visibility({**job.spec.env, **user_env}, self.monitor.visibility_env(cards))
         env["GPUSV_JOB_ID"] = str(job.id)
         env["GPUSV_ATTEMPT"] = str(n)
+        if self.cfg.logs.python_unbuffered:  # so that `logs -f` is live for Python jobs
+            env.setdefault("PYTHONUNBUFFERED", "1")
         if job.spec.array_id is not None:
             env["GPUSV_ARRAY_ID"] = str(job.spec.array_id)
             env["GPUSV_ARRAY_INDEX"] = str(job.spec.array_index)
         out, err = self.log_paths(job.id)
+        if n > 1:  # where one attempt's output ends and the next one's starts
+            joblogs.append((out, err), joblogs.header(job.id, n, now_iso()))
         return LaunchSpec(
             job_id=job.id,
             attempt=n,

@@ -49,6 +49,16 @@ async def next_job_id(store: Store) -> int:
     return max(int(row[0] if row else 0), mark) + 1
 
 
+INSERT_REQUEST = (
+    "INSERT INTO submit_requests (owner_uid, request_id, first_id, count) VALUES (?, ?, ?, ?)"
+)
+
+
+def _request_params(inserts: Sequence[InsertJob], request_id: str) -> tuple[Any, ...]:
+    ids = [w.job.id for w in inserts]  # one submit's ids are consecutive
+    return (inserts[0].job.spec.owner_uid, request_id, ids[0], len(ids))
+
+
 def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
     return (
         row.get("job"),
@@ -67,8 +77,9 @@ def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-async def commit(store: Store, writes: Sequence[Write]) -> None:
-    """Commit every write in one transaction; raises if it did not commit."""
+async def commit(store: Store, writes: Sequence[Write], request_id: str | None = None) -> None:
+    """Commit every write in one transaction; raises if it did not commit. A submit's
+    `request_id` is kept with the jobs it inserts, in the same transaction."""
     envs: dict[int, str] = {}  # a batch shares one env: encode it once
 
     def job_row(w: InsertJob) -> tuple[Any, ...]:
@@ -85,6 +96,8 @@ async def commit(store: Store, writes: Sequence[Write]) -> None:
 
     async def op(db: aiosqlite.Connection) -> None:
         await db.executemany(INSERT_JOB, [job_row(w) for w in inserts])
+        if inserts and request_id is not None:
+            await db.execute(INSERT_REQUEST, _request_params(inserts, request_id))
         if inserts and store.ids is not None:  # before the commit: ids never go back
             store.ids.raise_to(max(w.job.id for w in inserts))
         for w in saves:

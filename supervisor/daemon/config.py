@@ -7,15 +7,16 @@ that the CLI can use them without loading this.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from supervisor.daemon.config_values import _bool, _int, _number, _path, _string
+from supervisor.wire.durations import parse_duration
 from supervisor.wire.locations import (
     SOCKET_ENV as SOCKET_ENV,  # re-exported: part of the config's API
 )
@@ -32,8 +33,6 @@ _SECTION = {"section": True}
 _KERNEL_LOG_SOURCES = ("auto", "journal", "kmsg", "off")
 _FLAG_KEYS = ("state_dir", "socket", "simulate_gpus", "kernel_log", "log_format")
 DEADLINE_ENV = "GPUSVD_ABORT_DEADLINE_S"
-
-Parser = Callable[[object, str], Any]
 
 
 def parse_gpu_spec(text: str, key: str = "simulate_gpus") -> tuple[int, int]:
@@ -80,43 +79,6 @@ class MemSpec:
                 raise _fail(key, "must be a percent between 0 and 100 like '5%'", text)
             return cls(percent=float(match.group(1)))
         return cls(mb=parse_size_mb(text, key))
-
-
-def _int(minimum: int) -> Parser:
-    def parse(value: object, key: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise _fail(key, f"must be an integer >= {minimum}", value)
-        return value
-
-    return parse
-
-
-def _number(minimum: float, *, above: bool = False) -> Parser:
-    """A finite int or float >= minimum (> minimum when `above`)."""
-    problem = f"must be a number {'>' if above else '>='} {minimum:g}"
-
-    def parse(value: object, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _fail(key, problem, value)
-        number = float(value)
-        if not math.isfinite(number) or number < minimum or (above and number == minimum):
-            raise _fail(key, problem, value)
-        return number
-
-    return parse
-
-
-def _string(value: object, key: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(key, "must be a string", value)
-    return value
-
-
-def _path(value: object, key: str) -> Path:
-    if not isinstance(value, str | os.PathLike) or not str(value).strip():
-        raise _fail(key, "must be a non-empty path", value)
-    # Made absolute now so that a later chdir cannot change what it names.
-    return Path(os.fspath(value)).expanduser().absolute()
 
 
 def _mem(value: object, key: str) -> MemSpec:
@@ -243,6 +205,28 @@ class JobsConfig:
     kill_grace_s: float = field(default=10.0, metadata={"parse": _number(0.0)})
 
 
+def _duration(value: object, key: str) -> float:
+    return parse_duration(value if isinstance(value, str | int | float) else str(value), key)
+
+
+def _bytes(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _fail(key, "must be a size like '1G'", value)
+    size = parse_size(value, key)
+    if size < 1 << 20:
+        raise _fail(key, "must be at least 1M", value)
+    return size
+
+
+@dataclass(frozen=True)
+class LogsConfig:
+    """Job output files: their size, their life, and Python's buffering."""
+
+    max_size: int = field(default=1 << 30, metadata={"parse": _bytes})  # per stream, per job
+    retention: float = field(default=30 * 86400.0, metadata={"parse": _duration})
+    python_unbuffered: bool = field(default=True, metadata={"parse": _bool})
+
+
 @dataclass(frozen=True)
 class HooksConfig:
     on_finish: tuple[str, ...] = field(default=(), metadata={"parse": _command})
@@ -281,6 +265,7 @@ class Config:
     jobs: JobsConfig = field(default_factory=JobsConfig, metadata=_SECTION)
     hooks: HooksConfig = field(default_factory=HooksConfig, metadata=_SECTION)
     limits: LimitsConfig = field(default_factory=LimitsConfig, metadata=_SECTION)
+    logs: LogsConfig = field(default_factory=LogsConfig, metadata=_SECTION)
     config_path: Path | None = None
 
     @property

@@ -54,7 +54,8 @@ class Engine:
             if out.writes:
                 self.epoch += 1  # odd: a commit is in flight
                 try:
-                    await commit(self.store, out.writes)
+                    request = cmd.request_id if isinstance(cmd, Submit) else None
+                    await commit(self.store, out.writes, request)
                 finally:
                     self.epoch += 1
             self.table.apply(out.changes)
@@ -81,7 +82,7 @@ class Engine:
                 if parent not in self.table.jobs and parent not in ended:
                     row = await self.store.get_job(parent)
                     ended[parent] = row.state if row is not None else JobState.FAILED
-        return Submit(cmd.specs, ended) if ended else cmd
+        return Submit(cmd.specs, ended, cmd.request_id) if ended else cmd
 
 
 def submitted_ids(out: Step) -> list[int]:

@@ -77,7 +77,9 @@ class Hooks:
     ) -> None:
         if not hooks:
             return
-        payload = views.job_json(job, host_memory=self.book.projection(job.spec))
+        payload: dict[str, Any] = dict(
+            views.job_json(job, host_memory=self.book.projection(job.spec))
+        )
         payload["attempt"] = attempt.to_json() if attempt is not None else None
         for name, argv in hooks:
             tg.start_soon(run_hook, name, argv, payload, self.cfg.timeout_s)

@@ -3,6 +3,7 @@ the no-progress watchdog. One pass over /proc per interval for all jobs, off the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -15,6 +16,8 @@ import structlog
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.core.oom import squeeze_victims
+from supervisor.daemon import joblogs
+from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import TreeSampler, read_meminfo
@@ -54,6 +57,7 @@ class Sampler:
         self.monitor = monitor
         self.hangs = hangs
         self.cfg = cfg.host_memory
+        self.max_log = cfg.logs.max_size
         self.tree = TreeSampler()
         self.offsets: dict[tuple[int, int], int] = {}
         self.cpu_s = 0.0
@@ -88,6 +92,7 @@ class Sampler:
         self.hangs.note_memory(meminfo.available_mb)
         await self._squeeze(meminfo.available_mb)
         await self._watchdog(running)
+        await self._limits(running)
         leaders = {r.handle.pid for r in self.runner.procs.values()}
         reap_orphans(leaders)
         if self.table.held_counts():
@@ -143,6 +148,25 @@ class Sampler:
             log.warning("squeeze guard stops the newest job", job_id=job_id, **evidence)
             await self.engine.do(Stop(job_id, FailureReason.OOM_KILLED, evidence))
 
+    async def _limits(self, running: list[Proc]) -> None:
+        """Wall-time limits (--time), and the size cap of the jobs' logs."""
+        now = time.time()
+        for r in running:
+            job, live = self.table.jobs.get(r.job_id), self.table.live.get(r.job_id)
+            limit = job.spec.time_limit_s if job else None
+            if not limit or live is None or live.kill is not None:
+                continue
+            if past_limit(live.attempt.started_at, limit, now):
+                log.info("wall-time limit reached", job_id=r.job_id, limit_s=limit)
+                evidence = {"source": "time_limit", "limit_s": limit}
+                await self.engine.do(Stop(r.job_id, FailureReason.TIMEOUT, evidence))
+        for r in running:
+            for path in self.runner.log_paths(r.job_id):
+                with contextlib.suppress(OSError):
+                    if os.stat(path).st_size > self.max_log:
+                        cut = await anyio.to_thread.run_sync(joblogs.cap, path, self.max_log)
+                        log.info("job log cut", job_id=r.job_id, path=str(path), bytes=cut)
+
     def _kill_of(self, job_id: int) -> FailureReason | None:
         live = self.table.live.get(job_id)
         return live.kill if live is not None else None
@@ -160,6 +184,8 @@ class Sampler:
                 continue
             key = (r.job_id * 2 + stream, r.n)
             offset = self.offsets.setdefault(key, size if r.n > 1 else 0)
+            if size < offset:  # the log was cut (logs.max_size)
+                self.offsets[key] = offset = size
             if size > offset:
                 if job and job.spec.progress_regex:
                     r.tracker.on_output(_read(path, offset, size), now)
@@ -197,6 +223,11 @@ class Sampler:
                 await self.engine.do(self.hangs.watchdog_hang(r.job_id, r.cards[0], evidence))
         for key in [k for k in self.offsets if k[0] // 2 not in self.runner.procs]:
             del self.offsets[key]
+
+
+def past_limit(started_at: str, limit_s: float, now: float) -> bool:
+    """Whether an attempt started then has run past its wall-time limit. Pure."""
+    return now - epoch_from_iso(started_at) > limit_s
 
 
 def _read(path: Any, start: int, end: int) -> str:

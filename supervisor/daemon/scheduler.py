@@ -49,12 +49,12 @@ class Dispatcher:
         self.engine = engine
         self.table = engine.table
         self.book = book
-        self.cards = cards
-        self.rss_mb = rss_mb
-        self.uuids_of = uuids_of
+        # What the loop reads of other parts: the cards, a job's RSS, the cards' UUIDs.
+        self.cards, self.rss_mb, self.uuids_of = cards, rss_mb, uuids_of
         self.beat = beat
         self.wake = anyio.Event()
         self.draining = False
+        self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         total = read_meminfo().total_mb
         self.mem_total_mb = total
         self.limit_mb = cfg.host_memory.limit_mb(total)
@@ -74,7 +74,7 @@ class Dispatcher:
     def _candidates(self, now_wall: float, keys: Iterable[Key]) -> Iterator[admission.Candidate]:
         for _prio, job_id in keys:
             job = self.table.jobs[job_id]
-            if job.not_before > now_wall or job_id in self.table.pending:
+            if job.not_before > now_wall or job_id in self.table.pending or job.held:
                 continue
             yield admission.Candidate(
                 job_id=job_id,
@@ -129,7 +129,7 @@ class Dispatcher:
 
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any."""
-        if self.draining or not self.table.queue:
+        if self.draining or self.paused or not self.table.queue:
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
             return STORAGE_RECHECK_S
@@ -144,8 +144,10 @@ class Dispatcher:
                 s.job_id: self.book.projection(self.table.jobs[s.job_id].spec) for s in plan.starts
             }
             uuids = {s.job_id: self.uuids_of(s.gpus) for s in plan.starts}
-            await self.engine.do(Dispatch(plan.starts, plan.holds, projections, uuids))
-        self._settle(plan.holds, full)
+            await self.engine.do(
+                Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
+            )
+        self._settle(plan.holds, full)  # the array caps' holds (device holds: the engine's)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
 
     def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:

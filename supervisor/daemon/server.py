@@ -35,6 +35,7 @@ class Peer:
     uid: int
     gid: int
     pid: int
+    conn: int = 0  # which connection: what `run` jobs are tied to
 
 
 Handler = Callable[[Request, Peer], Awaitable[dict[str, Any]]]
@@ -53,10 +54,14 @@ REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cu
 _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-def peer_of(sock: socket.socket) -> Peer:
+async def _nothing(_peer: Peer) -> None:
+    return None
+
+
+def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(uid=uid, gid=gid, pid=pid)
+    return Peer(uid=uid, gid=gid, pid=pid, conn=conn)
 
 
 def probe_stale(path: Path) -> None:
@@ -149,6 +154,9 @@ class Server:
         self.connections = 0
         self.by_uid: dict[int, int] = {}
         self.me = os.getpid()
+        self.serial = 0
+        # Told of every admitted connection's end.
+        self.on_close: Callable[[Peer], Awaitable[None]] = _nothing
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await bind(self.path, self.mode, self.group)
@@ -186,7 +194,8 @@ class Server:
     async def _connection(self, conn: anyio.abc.SocketStream) -> None:
         async with conn:
             try:
-                peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket))
+                self.serial += 1
+                peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket), self.serial)
             except OSError:
                 return  # the client is already gone
             busy = self._over_limit(peer)
@@ -236,6 +245,12 @@ class Server:
         if refused is not None:
             await self._refuse(conn, protocol.FORBIDDEN, refused)
             return
+        try:
+            await self._requests(conn, peer)
+        finally:
+            await self.on_close(peer)
+
+    async def _requests(self, conn: anyio.abc.SocketStream, peer: Peer) -> None:
         reader = BufferedByteReceiveStream(conn)
         while True:
             try:

@@ -276,6 +276,14 @@ class Store(Writer):
         )
         return {r[0]: r[1] for r in rows}
 
+    async def request_ids(self, uid: int, request_id: str) -> list[int] | None:
+        """The ids a submit with this request id made for this user, or None."""
+        rows = await self._all(
+            "SELECT first_id, count FROM submit_requests WHERE owner_uid=? AND request_id=?",
+            (uid, request_id),
+        )
+        return list(range(rows[0][0], rows[0][0] + rows[0][1])) if rows else None
+
     async def queued_count(self, uid: int) -> int:
         rows = await self._all(
             "SELECT COUNT(*) FROM jobs WHERE owner_uid=? AND state IN ('queued','running')",

@@ -92,6 +92,12 @@ async def prepare(db: aiosqlite.Connection, id_floor: int) -> int:
     await db.execute("PRAGMA foreign_keys=ON")
     await db.execute("PRAGMA busy_timeout=5000")
     await _migrate(db)
+    # Kept beside the versioned schema: a table that no migration of the jobs touches.
+    await db.execute(
+        "CREATE TABLE IF NOT EXISTS submit_requests (owner_uid INTEGER NOT NULL, "
+        "request_id TEXT NOT NULL, first_id INTEGER NOT NULL, count INTEGER NOT NULL, "
+        "PRIMARY KEY (owner_uid, request_id)) WITHOUT ROWID"
+    )
     async with db.execute("PRAGMA quick_check") as cur:
         verdict = str((await cur.fetchone() or ("ok",))[0])
     if verdict != "ok":

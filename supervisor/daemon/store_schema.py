@@ -16,7 +16,7 @@ import aiosqlite
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -102,6 +102,12 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE hangs ADD COLUMN name TEXT;
     ALTER TABLE hangs ADD COLUMN frame TEXT
     """,
+    # `gpusv hold`, and `gpusv clean`: a cleaned job leaves every listing, but its
+    # attempts stay (memory history) and so does its row, which they reference.
+    4: """
+    ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN cleaned_at TEXT;
+    """,
 }
 
 
@@ -117,7 +123,7 @@ class MemRow:
 
 JOB_COLUMNS = (
     "id, spec, env, state, submitted_at, started_at, ended_at, waiting_for, hold_reason, "
-    "reason, exit_code, ordinary_used, gpu_hang_used, gpus, attempts, not_before, progress"
+    "reason, exit_code, ordinary_used, gpu_hang_used, gpus, attempts, not_before, progress, held"
 )
 
 
@@ -165,6 +171,7 @@ def _row_to_job(row: Sequence[Any], specs: _Specs | None = None) -> Job:
         attempts=row[14],
         not_before=row[15],
         progress=row[16],
+        held=bool(row[17]),
     )
 
 
@@ -198,7 +205,7 @@ ATTEMPT_COLUMNS = (
 UPDATE_JOB = (
     "UPDATE jobs SET state=?, started_at=?, ended_at=?, waiting_for=?, hold_reason=?, "
     "reason=?, exit_code=?, ordinary_used=?, gpu_hang_used=?, gpus=?, attempts=?, "
-    "not_before=?, progress=? WHERE id=?"
+    "not_before=?, progress=?, held=? WHERE id=?"
 )
 INSERT_EVENT = "INSERT INTO events (job_id, at, kind, message, data) VALUES (?, ?, ?, ?, ?)"
 
@@ -222,6 +229,7 @@ def _job_params(job: Job) -> tuple[Any, ...]:
         job.attempts,
         job.not_before,
         job.progress,
+        int(job.held),
         job.id,
     )
 

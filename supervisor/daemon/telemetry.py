@@ -14,6 +14,7 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.jobs import Job, JobState
+from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.metrics import CardSample, HostSample, Metrics, Snapshot
 from supervisor.daemon.server import Peer
@@ -128,6 +129,7 @@ class Telemetry:
             "gpu_hangs_by_job": await _counts(store, "job_id"),
             "held": self.table.held_counts(),
             "deadman_fires": len(await store.daemon_events("deadman")),
+            "logs": await joblogs.disk_use(self.cfg.state_dir / "logs"),
         }
 
     async def stats(self, peer: Peer) -> dict[str, Any]:
@@ -164,7 +166,8 @@ class Telemetry:
 
     async def health(self, _peer: Peer) -> dict[str, Any]:
         problems = await self.problems()
-        return {"ok": True, "health": {"ok": not problems, "problems": problems}}
+        health = {"ok": not problems, "problems": problems, "paused": self.dispatcher.paused}
+        return {"ok": True, "health": health}
 
     # ---- metrics ------------------------------------------------------------------------
 
@@ -266,6 +269,7 @@ class Telemetry:
             "running": self._running_json(peer),
             "held": held,
             "queued": len(queued),
+            "paused": self.dispatcher.paused,
             "recent_hangs": await self.visible_hangs(await self.store.hangs(TOP_HANGS), peer),
             "host_memory": dataclasses.asdict(self.host_sample()),
             "problems": await self.problems(),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from supervisor.core.jobs import Job
 from supervisor.core.projection import Projection
-from supervisor.daemon.store import Attempt
+from supervisor.core.records import Attempt
+from supervisor.wire.shapes import AttemptJson, HostMemory, JobJson, PublicJobJson
 
 # What anyone who may connect can see of someone else's job: what it holds and why it
 # waits, never its text (name, argv, cwd, labels may carry secrets; env is never shown).
@@ -19,9 +20,9 @@ def job_json(
     host_memory: Projection | None,
     attempts: list[Attempt] | None = None,
     events: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> JobJson:
     spec = job.spec
-    out: dict[str, Any] = {
+    out: JobJson = {
         "id": job.id,
         "name": spec.name,
         "argv": list(spec.argv),
@@ -33,7 +34,7 @@ def job_json(
         "waiting_for": job.waiting_for,
         "gpus_requested": spec.gpus,
         "gpus": list(job.gpus),
-        "host_memory": host_memory.to_json() if host_memory else None,
+        "host_memory": _memory(host_memory),
         "retries": {
             "ordinary": {"used": job.ordinary_used, "budget": spec.retries},
             "gpu_hang": {"used": job.gpu_hang_used, "budget": spec.gpu_hang_retries},
@@ -53,13 +54,26 @@ def job_json(
         "submitted_at": job.submitted_at,
         "started_at": job.started_at,
         "ended_at": job.ended_at,
+        "held": job.held,
+        "time_limit_s": spec.time_limit_s,
     }
     if attempts is not None:
-        out["attempts"] = [a.to_json() for a in attempts]
+        out["attempts"] = [cast(AttemptJson, a.to_json()) for a in attempts]
     if events is not None:
         out["events"] = events
     return out
 
 
-def public_view(full: dict[str, Any]) -> dict[str, Any]:
-    return {k: full[k] for k in PUBLIC_FIELDS}
+def _memory(p: Projection | None) -> HostMemory | None:
+    return None if p is None else {"projected_mb": p.projected_mb, "basis": p.basis, "runs": p.runs}
+
+
+def public_view(full: JobJson) -> PublicJobJson:
+    return {
+        "id": full["id"],
+        "state": full["state"],
+        "owner_uid": full["owner_uid"],
+        "gpus": full["gpus"],
+        "gpus_requested": full["gpus_requested"],
+        "waiting_for": full["waiting_for"],
+    }

@@ -1,4 +1,5 @@
-"""`gpusv classify-kernel-log [FILE|-] [--json]`: classify a kernel log offline, line by line.
+"""`gpusv classify-kernel-log [FILE|-] [--json] [--faults-only]`: classify a kernel log
+offline, line by line.
 
 Needs no daemon. Reads FILE (or standard input), and prints one result per input line, in
 order: a plain column listing, or with --json one object per line as the daemon would see it.
@@ -14,7 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
-from supervisor.faults.classifier import Classification, Classifier
+from supervisor.faults.classifier import Classification, Classifier, FaultClass
+
+NODE_FAULTS = frozenset({FaultClass.GPU_HANG, FaultClass.GPU_LOST})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
         "file", nargs="?", default="-", metavar="FILE", help="a kernel log; - or none: stdin"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per input line")
+    parser.add_argument(
+        "--faults-only",
+        dest="faults_only",
+        action="store_true",
+        help="print only gpu_hang, gpu_lost and app_fault lines; exit 1 if a hang or lost "
+        "card was found (a node-problem-detector custom plugin)",
+    )
     return parser
 
 
@@ -47,12 +57,18 @@ def _lines(stream: BinaryIO) -> Iterator[str]:
         yield raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
-def _write_all(source: BinaryIO, out: TextIO, as_json: bool) -> None:
+def _write_all(source: BinaryIO, out: TextIO, as_json: bool, faults_only: bool = False) -> bool:
+    """Print each line's class; True when a gpu_hang or gpu_lost line was seen."""
     classifier = Classifier()
     render = format_json if as_json else format_plain
+    found = False
     for line in _lines(source):
-        out.write(render(classifier.feed(line)) + "\n")
+        result = classifier.feed(line)
+        found |= result.fault_class in NODE_FAULTS
+        if not faults_only or result.fault_class is not FaultClass.BENIGN:
+            out.write(render(result) + "\n")
     out.flush()
+    return found
 
 
 def main(argv: list[str]) -> int:
@@ -72,11 +88,12 @@ def main(argv: list[str]) -> int:
                 )
                 return 2
         try:
-            _write_all(source, sys.stdout, args.json)
+            found = _write_all(source, sys.stdout, args.json, args.faults_only)
         except BrokenPipeError:
             # The reader went away (`| head`); keep Python from complaining at exit.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+            found = False
+    return 1 if args.faults_only and found else 0
 
 
 if __name__ == "__main__":

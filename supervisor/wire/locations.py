@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 SOCKET_ENV = "GPUSV_SOCKET"
+CONFIG_ENV = "GPUSVD_CONFIG"
+SYSTEM_CONFIG = Path("/etc/gpusvd.toml")
+SYSTEM_SOCKET = Path("/run/gpusvd/gpusvd.sock")
 
 
 def default_state_dir(uid: int, env: Mapping[str, str]) -> Path:
@@ -32,8 +35,32 @@ def resolve_socket(
         if candidate:
             return Path(os.fspath(candidate)).expanduser().absolute()
     if uid == 0:
-        return Path("/run/gpusvd/gpusvd.sock")
+        return SYSTEM_SOCKET
+    return user_socket(env, uid)
+
+
+def user_socket(env: Mapping[str, str], uid: int) -> Path:
+    """A non-root gpusvd's default socket: $XDG_RUNTIME_DIR/gpusvd.sock."""
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if runtime and Path(runtime).is_absolute():
         return Path(runtime) / "gpusvd.sock"
     return Path(f"/tmp/gpusvd-{uid}/gpusvd.sock")
+
+
+def client_sockets(flag: str | None, env: Mapping[str, str], uid: int) -> list[Path]:
+    """Where the CLI looks, in order: --socket or $GPUSV_SOCKET alone when given; else
+    the user's own gpusvd's socket if it exists, then the system one."""
+    for candidate in (flag, env.get(SOCKET_ENV)):
+        if candidate:
+            return [Path(os.fspath(candidate)).expanduser().absolute()]
+    own = user_socket(env, uid)
+    return [own, SYSTEM_SOCKET] if own.exists() or own.is_symlink() else [SYSTEM_SOCKET]
+
+
+def config_path(flag: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    """--config, else $GPUSVD_CONFIG, else /etc/gpusvd.toml when it exists, else none."""
+    if flag:
+        return Path(os.fspath(flag))
+    if env.get(CONFIG_ENV):
+        return Path(env[CONFIG_ENV])
+    return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None

@@ -12,9 +12,27 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.wire import errors
+from supervisor.wire.fields import MAX_ID as MAX_ID
+from supervisor.wire.fields import _Fields, _str_list
 from supervisor.wire.framing import MAX_LINE as MAX_LINE  # re-exported: the framing is protocol too
 from supervisor.wire.framing import VERSION as VERSION
 from supervisor.wire.framing import encode as encode
+
+# The error codes and the exception are protocol too: re-exported.
+BAD_JSON = errors.BAD_JSON
+BAD_REQUEST = errors.BAD_REQUEST
+UNKNOWN_TYPE = errors.UNKNOWN_TYPE
+TOO_LARGE = errors.TOO_LARGE
+NOT_FOUND = errors.NOT_FOUND
+FORBIDDEN = errors.FORBIDDEN
+BUSY = errors.BUSY
+LIMIT = errors.LIMIT
+DRAINING = errors.DRAINING
+INVALID_STATE = errors.INVALID_STATE
+INTERNAL = errors.INTERNAL
+STORAGE = errors.STORAGE
+ProtocolError = errors.ProtocolError
 
 MAX_ARGV = 4096
 MAX_ARG_BYTES = 128 * 1024
@@ -25,41 +43,17 @@ MAX_LABEL_KEY = 64
 MAX_LABEL_VALUE = 1024
 MAX_NAME = 256
 MAX_GPUS = 64
-MAX_ID = 2**63 - 1
 MAX_BATCH = 100_000
 MAX_RETRIES = 10_000
 MAX_SIZE_MB = 2**40  # a petabyte: anything larger is a typo
 MAX_LIST = 10_000
+MAX_REQUEST_ID = 256
 # A scale is a ratio the projection divides by and extrapolates with: positive, and
 # bounded so that no projection overflows.
 MIN_SCALE, MAX_SCALE = 1e-6, 1e12
 LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")
 # Only a \uD800-\uDFFF escape can put a surrogate into decoded text (raw UTF-8 cannot).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-# Error codes: stable strings that clients may branch on.
-BAD_JSON = "bad_json"
-BAD_REQUEST = "bad_request"
-UNKNOWN_TYPE = "unknown_type"
-TOO_LARGE = "too_large"
-NOT_FOUND = "not_found"
-FORBIDDEN = "forbidden"
-BUSY = "busy"
-LIMIT = "limit"
-DRAINING = "draining"
-INVALID_STATE = "invalid_state"
-INTERNAL = "internal"
-STORAGE = "storage"  # the daemon could not record the request (disk full, ...): nothing done
-
-
-class ProtocolError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ok": False, "error": {"code": self.code, "message": self.message}}
 
 
 def _no_constant(name: str) -> Any:
@@ -99,124 +93,6 @@ def decode_line(raw: bytes) -> dict[str, Any]:
     return obj
 
 
-# ---- field validation -------------------------------------------------------------------
-
-
-class _Fields:
-    """Reads typed fields out of a request object and rejects anything left over."""
-
-    def __init__(self, obj: dict[str, Any], where: str = "") -> None:
-        self.obj = obj
-        self.seen: set[str] = {"type", "version"} if not where else set()
-        self.where = where
-
-    def _name(self, key: str) -> str:
-        return f"{self.where}{key}"
-
-    def _get(self, key: str) -> Any:
-        self.seen.add(key)
-        return self.obj.get(key)
-
-    def fail(self, key: str, why: str) -> ProtocolError:
-        return ProtocolError(BAD_REQUEST, f"field '{self._name(key)}': {why}")
-
-    def int_(self, key: str, default: int | None, lo: int, hi: int) -> int | None:
-        value = self._get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"must be an integer, got {type(value).__name__}")
-        if not lo <= value <= hi:
-            raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
-        return value
-
-    def req_int(self, key: str, lo: int, hi: int) -> int:
-        value = self.int_(key, None, lo, hi)
-        if value is None:
-            raise self.fail(key, "is required")
-        return value
-
-    def float_(self, key: str, lo: float, hi: float) -> float | None:
-        value = self._get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(key, f"must be a number, got {type(value).__name__}")
-        if not lo <= value <= hi:
-            raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
-        return float(value)
-
-    def bool_(self, key: str) -> bool:
-        value = self._get(key)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise self.fail(key, "must be true or false")
-        return value
-
-    def str_(self, key: str, default: str | None, max_len: int) -> str | None:
-        value = self._get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self.fail(key, f"must be a string, got {type(value).__name__}")
-        if len(value) > max_len:
-            raise self.fail(key, f"longer than {max_len} characters")
-        if "\x00" in value:
-            raise self.fail(key, "contains a NUL character")
-        return value
-
-    def str_list(self, key: str, max_items: int, max_len: int) -> list[str] | None:
-        value = self._get(key)
-        if value is None:
-            return None
-        return _str_list(value, self._name(key), max_items, max_len)
-
-    def str_map(self, key: str, max_items: int, max_key: int, max_value: int) -> dict[str, str]:
-        value = self._get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise self.fail(key, "must be an object of strings")
-        if len(value) > max_items:
-            raise self.fail(key, f"more than {max_items} entries")
-        for k, v in value.items():
-            if not isinstance(v, str) or len(k) > max_key or len(v) > max_value:
-                raise self.fail(key, f"entry '{k[:40]}' must be a string of at most {max_value}")
-            if "\x00" in k or "\x00" in v:
-                raise self.fail(key, f"entry '{k[:40]}' contains a NUL character")
-        return dict(value)
-
-    def int_list(self, key: str, max_items: int) -> list[int]:
-        value = self._get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list) or len(value) > max_items:
-            raise self.fail(key, f"must be a list of at most {max_items} ids")
-        for item in value:
-            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_ID:
-                raise self.fail(key, "ids are positive integers that fit 63 bits")
-        return list(value)
-
-    def done(self) -> None:
-        extra = sorted(set(self.obj) - self.seen)
-        if extra:
-            raise ProtocolError(BAD_REQUEST, f"unknown field '{self._name(extra[0])}'")
-
-
-def _str_list(value: Any, name: str, max_items: int, max_len: int) -> list[str]:
-    if not isinstance(value, list):
-        raise ProtocolError(BAD_REQUEST, f"field '{name}': must be a list of strings")
-    if len(value) > max_items:
-        raise ProtocolError(BAD_REQUEST, f"field '{name}': more than {max_items} items")
-    for item in value:
-        if not isinstance(item, str):
-            raise ProtocolError(BAD_REQUEST, f"field '{name}': items must be strings")
-        if len(item) > max_len or "\x00" in item:
-            raise ProtocolError(BAD_REQUEST, f"field '{name}': item too long or has NUL")
-    return list(value)
-
-
 # ---- requests ---------------------------------------------------------------------------
 
 
@@ -238,6 +114,9 @@ class SubmitOptions:
     priority: int = 0
     after: tuple[int, ...] = ()
     dry_run: bool = False
+    request_id: str | None = None  # a repeat from the same user returns the first jobs
+    time_limit_s: float | None = None
+    run: bool = False  # tied to the connection: cancelled when it goes away
     stall_timeout_s: float | None = None
     share: bool = False
     array: tuple[int, ...] = ()  # one job per index, of one new array
@@ -251,6 +130,7 @@ class Submit:
     argvs: tuple[tuple[str, ...], ...]
     options: SubmitOptions
     type: str = "submit"
+    names: tuple[str, ...] | None = None  # a batch's per-command names
 
 
 @dataclass(frozen=True)
@@ -259,12 +139,15 @@ class ListJobs:
     limit: int = 1000
     before_id: int | None = None
     type: str = "list"
+    owner_uid: int | None = None
+    recent_s: float | None = None  # active jobs, and those ended this recently
     array: int | None = None  # only the jobs of this array
 
 
 @dataclass(frozen=True)
 class JobRef:
-    """show, cancel, wait and logs all name jobs by id."""
+    """show, cancel, wait, logs, restart, hold and release all name jobs by id
+    (cancel may name none and say `all`)."""
 
     type: str
     ids: tuple[int, ...]
@@ -272,13 +155,23 @@ class JobRef:
     stream: str = "stdout"
     offset: int = 0
     follow: bool = False
+    tail_lines: int | None = None
+    all: bool = False
 
 
 @dataclass(frozen=True)
 class Simple:
-    """ping, gpus, stats, health, metrics, top: no arguments."""
+    """ping, gpus, stats, health, metrics, top, pause, resume: no arguments."""
 
     type: str
+
+
+@dataclass(frozen=True)
+class Clean:
+    """Remove the peer's finished jobs (an admin's: everyone's) and their logs."""
+
+    older_than_s: float = 0.0
+    type: str = "clean"
 
 
 @dataclass(frozen=True)
@@ -289,9 +182,11 @@ class ArrayRef:
     array: int
 
 
-Request = Submit | ListJobs | JobRef | Simple | ArrayRef
+Request = Submit | ListJobs | JobRef | Simple | Clean | ArrayRef
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-SIMPLE_TYPES = ("ping", "gpus", "stats", "health", "metrics", "top")
+SIMPLE_TYPES = ("ping", "gpus", "stats", "health", "metrics", "top", "pause", "resume")
+REF_TYPES = ("show", "cancel", "wait", "logs", "restart", "hold", "release")
+MAX_DURATION_S = 10 * 365 * 86400
 
 
 def _submit_options(f: _Fields) -> SubmitOptions:
@@ -333,11 +228,21 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         priority=f.int_("priority", 0, -1_000_000, 1_000_000) or 0,
         after=tuple(f.int_list("after", 1000)),
         dry_run=f.bool_("dry_run"),
+        request_id=_request_id(f),
+        time_limit_s=f.float_("time_limit_s", 1e-3, MAX_DURATION_S),
+        run=f.bool_("run"),
         stall_timeout_s=f.float_("stall_timeout_s", 0, 365 * 86400),
         share=f.bool_("share"),
         array=_array_indices(f),
         max_running=f.int_("max_running", None, 1, MAX_BATCH),
     )
+
+
+def _request_id(f: _Fields) -> str | None:
+    value = f.str_("request_id", None, MAX_REQUEST_ID)
+    if value is not None and not value.strip():
+        raise f.fail("request_id", "must not be empty")
+    return value
 
 
 def _array_indices(f: _Fields) -> tuple[int, ...]:
@@ -370,31 +275,41 @@ def _parse_submit(f: _Fields, batch: bool) -> Submit:
     for argv in argvs:
         if not argv or not argv[0]:
             raise ProtocolError(BAD_REQUEST, "a command must have a non-empty program name")
+    names = f.str_list("names", MAX_BATCH, MAX_NAME) if batch else None
+    if names is not None and len(names) != len(argvs):
+        raise f.fail("names", "must name each command of argvs, in order")
     options = _submit_options(f)
+    if options.run and (batch or options.array):
+        raise f.fail("run", "is for one command, not a batch or an array")
     f.done()
     if options.array:
         if batch:
             raise f.fail("array", "an array repeats one command; a batch has its own")
         argvs = argvs * len(options.array)
-    return Submit(argvs=tuple(tuple(a) for a in argvs), options=options)
+    names_ = tuple(names) if names is not None else None
+    return Submit(argvs=tuple(tuple(a) for a in argvs), options=options, names=names_)
 
 
 def _parse_ref(kind: str, f: _Fields) -> JobRef:
     ids = f.int_list("ids", 10_000)
-    if not ids:
+    every = f.bool_("all") if kind == "cancel" else False
+    if every and ids:
+        raise f.fail("all", "give ids or all, not both")
+    if not ids and not every:
         raise f.fail("ids", "at least one job id is required")
     if kind in ("show", "logs") and len(ids) != 1:
         raise f.fail("ids", f"{kind} takes exactly one id")
     timeout = f.float_("timeout_s", 0, 10 * 365 * 86400) if kind in ("wait", "logs") else None
-    stream, offset, follow = "stdout", 0, False
+    stream, offset, follow, tail = "stdout", 0, False, None
     if kind == "logs":
+        tail = f.int_("tail_lines", None, 0, MAX_ID)
         stream = f.str_("stream", "stdout", 10) or "stdout"
         if stream not in ("stdout", "stderr"):
             raise f.fail("stream", "must be 'stdout' or 'stderr'")
         offset = f.int_("offset", 0, 0, MAX_ID) or 0
         follow = f.bool_("follow")
     f.done()
-    return JobRef(kind, tuple(ids), timeout, stream, offset, follow)
+    return JobRef(kind, tuple(ids), timeout, stream, offset, follow, tail, every)
 
 
 def parse_request(obj: dict[str, Any]) -> Request:
@@ -415,15 +330,21 @@ def parse_request(obj: dict[str, Any]) -> Request:
                 raise f.fail("states", f"unknown state '{state}'")
         limit = f.int_("limit", 1000, 1, MAX_LIST) or 1000
         before = f.int_("before_id", None, 1, MAX_ID)
+        owner = f.int_("owner_uid", None, 0, 2**32 - 1)
+        recent = f.float_("recent_s", 0, MAX_DURATION_S)
         array = f.int_("array", None, 1, MAX_ID)
         f.done()
-        return ListJobs(tuple(states), limit, before, array=array)
+        return ListJobs(tuple(states), limit, before, owner_uid=owner, recent_s=recent, array=array)
     if kind == "restart_array":
         array = f.req_int("array", 1, MAX_ID)
         f.done()
         return ArrayRef(kind, array)
-    if kind in ("show", "cancel", "wait", "logs"):
+    if kind in REF_TYPES:
         return _parse_ref(kind, f)
+    if kind == "clean":
+        older = f.float_("older_than_s", 0, MAX_DURATION_S) or 0.0
+        f.done()
+        return Clean(older)
     if kind in SIMPLE_TYPES:
         f.done()
         return Simple(kind)

@@ -2,22 +2,25 @@
 so that whoever reads dmesg sees that the gpusv test suite wrote it and no card failed.
 
 The lines name the bus id of the last card of a 40-card simulated machine
-(0000:28:00.0), which no other test's daemon has, so that a daemon of another test
-reading /dev/kmsg at the same time is not hit by them.
+(0000:28:00.0), which no other test's daemon has. Every daemon that reads /dev/kmsg sees
+every line, so the tests that start one hold a lock that every copy of this suite on the
+machine shares: two such daemons never run at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from .conftest import Daemon
 
 KMSG = "/dev/kmsg"
+LOCK = "/tmp/gpusv-test-kmsg.lock"
 CARDS = 40
 LAST_BUS = f"0000:{CARDS:02x}:00"  # card 39
 
@@ -50,6 +53,14 @@ class Kmsg:
             return marker in d.log_text()
 
         d.wait_for(seen, what=what)
+
+
+@pytest.fixture(autouse=True)
+def one_kmsg_daemon_at_a_time() -> Iterator[None]:
+    with open(LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield  # the daemon (make_daemon's) is gone before the lock is let go
+        fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def kmsg_daemon(make_daemon: Callable[..., Daemon]) -> Daemon:

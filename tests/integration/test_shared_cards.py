@@ -34,7 +34,7 @@ def test_six_shared_jobs_run_three_per_card_and_a_whole_card_job_waits(
     assert held["waiting_for"] == "waiting for 1 free GPU, 0 free (cards 0, 1 run shared jobs)"
     seventh = submit_shared(d, "sleep", "300")
     held = d.wait_for(lambda: (j := d.show(seventh))["waiting_for"] and j, what="a hold")
-    assert held["waiting_for"].startswith("waiting for VRAM: needs ~7 GB, at most ~3 GB free")
+    assert held["waiting_for"].startswith("waiting for VRAM: needs ~7 GiB, at most ~3 GiB free")
     # Card 0's shared jobs leave (the seventh first, or it would take their room as
     # they go, packing as it should): the whole-card job takes card 0, alone.
     d.cli("cancel", str(seventh))
@@ -54,7 +54,7 @@ def test_a_card_used_by_something_else_takes_no_shared_job(
     for i in ids[:3]:
         d.wait_state(i, "running")
     fourth = d.wait_for(lambda: (j := d.show(ids[3]))["waiting_for"] and j, what="a hold")
-    assert fourth["waiting_for"].startswith("waiting for VRAM: needs ~7 GB, at most ~4 GB free")
+    assert fourth["waiting_for"].startswith("waiting for VRAM: needs ~7 GiB, at most ~4 GiB free")
     assert cards_of(d, ids[:3]) == Counter({1: 3})
     d.cli("cancel", *map(str, ids))
 

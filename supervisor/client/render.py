@@ -1,0 +1,167 @@
+"""Jobs in words: the `list` table and the `show` page. Sizes in MiB/GiB, times as ages."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from supervisor.wire.durations import duration_text
+
+COMMAND_WIDTH = 60
+_users: dict[int, str] = {}
+
+
+def size_text(mb: float | None) -> str:
+    """MiB for people: 512 MiB, 1.5 GiB, 2.0 TiB."""
+    if mb is None:
+        return "-"
+    for unit, scale in (("TiB", 1 << 20), ("GiB", 1 << 10)):
+        if mb >= scale:
+            return f"{mb / scale:.1f} {unit}"
+    return f"{mb:.0f} MiB"
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "-"
+    if uid not in _users:
+        import pwd
+
+        try:
+            _users[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _users[uid] = str(uid)
+    return _users[uid]
+
+
+def age(stamp: str | None, now: float | None = None) -> str:
+    if not stamp:
+        return "-"
+    return duration_text((time.time() if now is None else now) - epoch_of(stamp))
+
+
+def epoch_of(stamp: str) -> float:
+    """Seconds since the epoch of the daemon's UTC stamps ("2026-12-01T05:36:30.755Z"),
+    without datetime: it would be the biggest import of `gpusv list`."""
+    y, mo, d = int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10])
+    seconds = int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + float(stamp[17:].rstrip("Z"))
+    y -= mo <= 2  # days from 1970-01-01, the civil-calendar way (March-based years)
+    era, yoe = divmod(y, 400)
+    doy = (153 * (mo + (-3 if mo > 2 else 9)) + 2) // 5 + d - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    return days * 86400 + seconds
+
+
+def one_line(text: str, width: int = COMMAND_WIDTH) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def command_text(job: dict[str, Any]) -> str:
+    argv = job.get("argv")
+    return shlex.join(argv) if argv else "-"
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def list_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    now = time.time()
+    rows = []
+    for j in jobs:
+        what = j.get("name") or command_text(j)
+        note = j.get("waiting_for") or ("held" if j.get("held") else "") or j.get("progress") or ""
+        rows.append(
+            [
+                str(j["id"]),
+                j["state"],
+                user_name(j.get("owner_uid")),
+                ",".join(map(str, j.get("gpus") or [])) or str(j.get("gpus_requested", "-")),
+                age(j.get("submitted_at"), now),
+                one_line(what) if "argv" in j else "(not yours)",
+                one_line(note),
+            ]
+        )
+    return table(rows, ["ID", "STATE", "USER", "GPUS", "AGE", "NAME/COMMAND", "NOTE"])
+
+
+def _attempt(at: dict[str, Any]) -> str:
+    gpus = ",".join(map(str, at.get("gpus") or [])) or "none"
+    if at.get("ended_at") is None:
+        end = "running"
+    elif at.get("signal") is not None:
+        end = f"signal {at['signal']}"
+    else:
+        end = f"exit {at.get('exit_code')}"
+    reason = f" ({at['reason']})" if at.get("reason") else ""
+    peak = f", peak RSS {size_text(at['peak_rss_mb'])}" if at.get("peak_rss_mb") else ""
+    pid = at.get("pid") or "-"
+    return f"  #{at['n']}  GPUs {gpus}  pid {pid}  {at['started_at']}  {end}{reason}{peak}"
+
+
+def _memory(job: dict[str, Any]) -> str:
+    hm = job.get("host_memory")
+    if not hm:
+        return "no figure yet (first run is measured)"
+    runs = f" over {hm['runs']} runs" if hm.get("runs") else ""
+    return f"~{size_text(hm['projected_mb'])} ({hm['basis']}{runs})"
+
+
+def _retries(job: dict[str, Any]) -> str:
+    r = job["retries"]
+    return (
+        f"{r['ordinary']['used']} of {r['ordinary']['budget']} used (any non-zero exit is "
+        f"retried; --retries 0 turns it off), GPU hang {r['gpu_hang']['used']} of "
+        f"{r['gpu_hang']['budget']}"
+    )
+
+
+def show_lines(job: dict[str, Any]) -> list[str]:
+    state = job["state"]
+    if job.get("held"):
+        state += " (held: gpusv release to let it start)"
+    if job.get("waiting_for"):
+        state += f": {job['waiting_for']}"
+    code = job.get("exit_code")
+    labels = ", ".join(f"{k}={v}" for k, v in sorted((job.get("labels") or {}).items()))
+    limit = job.get("time_limit_s")
+    fields = [
+        ("job", f"{job['id']}" + (f"  {job['name']}" if job.get("name") else "")),
+        ("state", state),
+        ("reason", job.get("reason") or "-"),
+        ("exit code", "-" if code is None else str(code)),
+        ("command", command_text(job)),
+        ("cwd", job.get("cwd") or "-"),
+        ("user", user_name(job.get("owner_uid"))),
+        ("labels", labels or "-"),
+        ("gpus", f"{job['gpus_requested']} asked" + _assigned(job)),
+        ("vram", size_text(job.get("vram_mb")) + " per card" if job.get("vram_mb") else "-"),
+        ("host memory", _memory(job)),
+        ("priority", str(job.get("priority", 0))),
+        ("after", ", ".join(map(str, job.get("after") or [])) or "-"),
+        ("time limit", duration_text(limit) if limit else "none"),
+        ("retries", _retries(job)),
+        ("submitted", f"{job.get('submitted_at')} ({age(job.get('submitted_at'))} ago)"),
+        ("started", job.get("started_at") or "-"),
+        ("ended", job.get("ended_at") or "-"),
+    ]
+    if job.get("progress"):
+        fields.insert(2, ("progress", job["progress"]))
+    lines = [f"{k:12} {v}" for k, v in fields]
+    if job.get("attempts"):
+        lines += ["attempts", *(_attempt(a) for a in job["attempts"])]
+    if job.get("events"):
+        lines.append("events")
+        lines += [f"  {ev['at']}  {ev['kind']:16} {ev['message']}" for ev in job["events"]]
+    return lines
+
+
+def _assigned(job: dict[str, Any]) -> str:
+    gpus = job.get("gpus") or []
+    return f", assigned {','.join(map(str, gpus))}" if gpus else ""

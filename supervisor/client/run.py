@@ -1,0 +1,87 @@
+"""`gpusv run`: submit a job tied to this terminal, stream its output, exit with its status.
+
+The job is submitted with `"run": true`: the daemon cancels it when this connection goes
+away, so a killed client (or the batch job wrapping it) does not leave it running.
+Ctrl-C and SIGTERM cancel it at once and exit 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from supervisor.client.connection import Client
+from supervisor.client.submitting import command_of, exit_status, job_options
+from supervisor.wire.sizes import ConfigError
+
+if TYPE_CHECKING:
+    import argparse
+    from types import FrameType
+
+
+POLL_S = 0.1
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum: int, _frame: FrameType | None) -> None:
+    raise _Stopped(signum)
+
+
+def _pump(client: Client, job_id: int, stream: str, offset: int, out: BinaryIO) -> tuple[int, bool]:
+    """Copy what the log has past `offset`; the new offset and whether the job ended
+    with all of this stream read."""
+    from base64 import b64decode
+
+    request = {"type": "logs", "ids": [job_id], "stream": stream, "offset": offset}
+    reply = client.call(request)
+    data = b64decode(reply["data_b64"])
+    if data:
+        out.write(data)
+        out.flush()
+    return reply["offset"], bool(reply["done"])
+
+
+def _stream(client: Client, job_id: int) -> None:
+    offsets = {"stdout": 0, "stderr": 0}
+    outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    while True:
+        moved, done = False, True
+        for stream in offsets:
+            before = offsets[stream]
+            offsets[stream], ended = _pump(client, job_id, stream, before, outs[stream])
+            moved |= offsets[stream] != before
+            done &= ended
+        if done:
+            return
+        if not moved:
+            time.sleep(POLL_S)
+
+
+def cmd_run(client: Client, a: argparse.Namespace) -> int:
+    command = command_of(a)
+    if not command:
+        raise ConfigError("run needs a command after --")
+    request: dict[str, Any] = {"type": "submit", "argv": command, "run": True, **job_options(a)}
+    previous = signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
+    job_id = None
+    try:
+        job_id = int(client.call(request)["ids"][0])
+        _stream(client, job_id)
+        return exit_status(client.call({"type": "show", "ids": [job_id]})["job"])
+    except _Stopped as stop:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cancel
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if job_id is not None:  # a new connection: the signal may have cut a reply short
+            sys.stderr.write(f"gpusv: cancelling job {job_id}\n")
+            Client(client.path).call({"type": "cancel", "ids": [job_id]})
+        return 128 + stop.signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,166 @@
+"""Turning `submit`/`run` options into a request, batch files into commands, and a job's
+end into an exit status. Pure, apart from reading the batch file."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.wire.durations import parse_duration
+from supervisor.wire.sizes import ConfigError, parse_size_mb
+
+EXIT_WAIT_TIMEOUT = 124  # `wait`'s own --timeout passed (as timeout(1) does)
+EXIT_NO_STATUS = 125  # the job ended without a status of its own
+NO_STATUS_REASONS = ("spawn_failed", "dependency_failed")
+
+
+def exit_status(job: dict[str, Any]) -> int:
+    """The job's own status as a shell shows it (its exit code, or 128 + the signal that
+    ended it), or EXIT_NO_STATUS when it never had one (cancelled before it started,
+    spawn_failed, dependency_failed)."""
+    if job.get("state") == "succeeded":
+        return 0
+    code = job.get("exit_code")
+    if code is None or job.get("reason") in NO_STATUS_REASONS:
+        return EXIT_NO_STATUS
+    return int(code)
+
+
+def comment_start(line: str) -> int | None:
+    """Where a shell comment starts in `line`: a `#` that begins a word outside quotes
+    (`frame_####` and `'#x'` are words, ` # note` is a comment)."""
+    quote, escaped, word_start = "", False, True
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped, word_start = False, False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote, word_start = ch, False
+        elif ch == "#" and word_start:
+            return i
+        else:
+            word_start = ch in " \t"
+    return None
+
+
+def batch_commands(text: str) -> list[tuple[int, list[str]]]:
+    """(line number, argv) for each command line, split exactly as a shell splits words."""
+    commands = []
+    for n, line in enumerate(text.splitlines(), 1):
+        cut = comment_start(line)
+        words = line if cut is None else line[:cut]
+        try:
+            argv = shlex.split(words, comments=False)
+        except ValueError as exc:
+            raise ConfigError(f"--batch line {n}: {exc}") from None
+        if argv:
+            commands.append((n, argv))
+    if not commands:
+        raise ConfigError("--batch: no commands")
+    return commands
+
+
+def _batch(source: str, name: str) -> tuple[list[list[str]], list[str]]:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--batch: cannot read {source}: {exc.strerror or exc}") from None
+    prefix = name or ("stdin" if source == "-" else Path(source).name)
+    lines = batch_commands(text)
+    return [argv for _, argv in lines], [f"{prefix}:{n}"[:256] for n, _ in lines]
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--label: expected K=V, got {item!r}")
+        labels[key] = value
+    return labels
+
+
+def parse_after(values: list[str] | None) -> list[int] | None:
+    """Every id of every --after (repeated or comma-separated)."""
+    if not values:
+        return None
+    ids = []
+    for value in values:
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            if not part.strip().isdigit() or int(part) < 1:
+                raise ConfigError(f"--after: {part.strip()!r} is not a job id")
+            ids.append(int(part))
+    return ids
+
+
+def _seconds(text: str | None, flag: str) -> float | None:
+    return None if text is None else parse_duration(text, flag)
+
+
+def _size(text: str | None, flag: str) -> int | None:
+    return None if text is None else parse_size_mb(text, flag)
+
+
+def job_options(a: Any) -> dict[str, Any]:
+    """The request fields that `submit` and `run` share, None ones left out."""
+    options: dict[str, Any] = {
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "gpus": a.gpus,
+        "vram_mb": _size(a.vram, "--vram"),
+        "mem_mb": _size(a.mem, "--mem"),
+        "mem_key": a.mem_key,
+        "mem_scale": a.mem_scale,
+        "name": a.name,
+        "labels": _labels(a.label),
+        "retries": a.retries,
+        "gpu_hang_retries": a.gpu_hang_retries,
+        "progress_timeout_s": _seconds(a.progress_timeout, "--progress-timeout"),
+        "progress_regex": a.progress_regex,
+        "stall_timeout_s": _seconds(a.stall_timeout, "--stall-timeout"),
+        "priority": a.priority,
+        "after": parse_after(a.after),
+        "time_limit_s": _seconds(a.time, "--time"),
+        "share": a.share or None,
+    }
+    if options["time_limit_s"] == 0:
+        raise ConfigError("--time: must be more than 0")
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def command_of(a: Any) -> list[str]:
+    return list(a.command[1:] if a.command[:1] == ["--"] else a.command)
+
+
+def submit_request(a: Any) -> dict[str, Any]:
+    request = job_options(a)
+    if a.dry_run:
+        request["dry_run"] = True
+    else:
+        # Always one: a submit sent again after a lost connection must not make two jobs.
+        import uuid
+
+        request["request_id"] = getattr(a, "request_id", None) or uuid.uuid4().hex
+    command = command_of(a)
+    from supervisor.client import arrays
+
+    request.update(arrays.array_options(a.array, a.max_running))
+    if a.array is not None and a.batch is not None:
+        raise ConfigError("give either --array or --batch, not both")
+    if a.batch is not None:
+        if command:
+            raise ConfigError("give either --batch or a command, not both")
+        argvs, names = _batch(a.batch, a.name)
+        request.pop("name", None)
+        return {"type": "submit_batch", "argvs": argvs, "names": names, **request}
+    if not command:
+        raise ConfigError("submit needs a command after --")
+    return {"type": "submit", "argv": command, **request}

@@ -1,0 +1,74 @@
+"""The job-row queries of the everyday verbs: `list`'s filters and `clean`.
+
+A cleaned job keeps its row (its attempts reference it and feed the memory projections)
+but leaves every listing; its logs are deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+
+from supervisor.core.jobs import Job
+from supervisor.daemon.clock import iso_from_epoch
+from supervisor.daemon.store import Store
+from supervisor.daemon.store_schema import JOB_COLUMNS, _row_to_job, _Specs
+
+FINISHED = "state IN ('succeeded', 'failed', 'cancelled')"
+
+
+async def list_jobs(
+    store: Store,
+    states: Sequence[str],
+    limit: int,
+    before_id: int | None,
+    *,
+    owner_uid: int | None = None,
+    ended_since: float | None = None,
+    array: int | None = None,
+) -> list[Job]:
+    """Newest first; cleaned jobs never; with `ended_since` (epoch seconds), only active
+    jobs and those that ended since."""
+    where = ["cleaned_at IS NULL"]
+    params: list[Any] = []
+    if states:
+        where.append(f"state IN ({','.join('?' * len(states))})")
+        params.extend(states)
+    if before_id is not None:
+        where.append("id < ?")
+        params.append(before_id)
+    if owner_uid is not None:
+        where.append("owner_uid = ?")
+        params.append(owner_uid)
+    if array is not None:
+        where.append("json_extract(spec, '$.array_id') = ?")
+        params.append(array)
+    if ended_since is not None:
+        where.append("(state IN ('queued', 'running') OR ended_at >= ?)")
+        params.append(iso_from_epoch(ended_since))
+    rows = await store._all(
+        f"SELECT {JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
+        [*params, limit],
+    )
+    specs = _Specs()
+    return [_row_to_job(r, specs) for r in rows]
+
+
+async def clean(store: Store, owner_uid: int | None, ended_before: float, at: str) -> list[int]:
+    """Mark finished jobs (of `owner_uid`, or everyone's) ended before then as cleaned."""
+    where = [FINISHED, "cleaned_at IS NULL", "ended_at <= ?"]
+    params: list[Any] = [iso_from_epoch(ended_before)]
+    if owner_uid is not None:
+        where.append("owner_uid = ?")
+        params.append(owner_uid)
+    clause = " AND ".join(where)
+
+    async def op(db: aiosqlite.Connection) -> list[int]:
+        async with db.execute(f"SELECT id FROM jobs WHERE {clause}", params) as cur:
+            ids = [int(r[0]) for r in await cur.fetchall()]
+        await db.execute(f"UPDATE jobs SET cleaned_at = ? WHERE {clause}", [at, *params])
+        return ids
+
+    return await store.write(op)

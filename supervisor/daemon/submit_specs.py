@@ -1,0 +1,63 @@
+"""From a submit request to the specs of the jobs it makes: the config's defaults for
+what the request left out, and an array's index for each of its jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.core.jobs import JobSpec
+from supervisor.core.memkey import mem_key
+from supervisor.daemon.config import RetriesConfig, WatchdogConfig
+from supervisor.wire.protocol import Submit, SubmitOptions
+
+
+def job_specs(
+    req: Submit, uid: int, gid: int, retries: RetriesConfig, watchdog: WatchdogConfig
+) -> list[JobSpec]:
+    """The jobs a submit asks for, the config's defaults filled in."""
+    opts = req.options
+    timeout = opts.progress_timeout_s
+    return [
+        JobSpec(
+            argv=argv,
+            cwd=opts.cwd,
+            env=opts.env,
+            owner_uid=uid,
+            owner_gid=gid,
+            name=req.names[i] if req.names else opts.name,
+            labels=opts.labels,
+            gpus=opts.gpus,
+            vram_mb=opts.vram_mb,
+            mem_mb=opts.mem_mb,
+            mem_key=mem_key(argv, opts.mem_key),
+            mem_scale=opts.mem_scale,
+            retries=retries.ordinary if opts.retries is None else opts.retries,
+            gpu_hang_retries=(
+                retries.gpu_hang if opts.gpu_hang_retries is None else opts.gpu_hang_retries
+            ),
+            progress_timeout_s=watchdog.progress_timeout_s if timeout is None else timeout,
+            progress_regex=opts.progress_regex,
+            priority=opts.priority,
+            after=opts.after,
+            stall_timeout_s=_or(opts.stall_timeout_s, watchdog.stall_timeout_s),
+            time_limit_s=opts.time_limit_s,
+            share=opts.share,
+            **_array_fields(opts, i),
+        )
+        for i, argv in enumerate(req.argvs)
+    ]
+
+
+def _or(given: float | None, default: float) -> float | None:
+    """A job's own timeout, else the configured default; 0 (off) becomes None."""
+    value = default if given is None else given
+    return value or None
+
+
+def _array_fields(opts: SubmitOptions, i: int) -> dict[str, Any]:
+    """An array's i-th job carries its index; a batch with a cap is an array of its lines."""
+    if opts.array:
+        return {"array_index": opts.array[i], "max_running": opts.max_running}
+    if opts.max_running is not None:
+        return {"array_index": i, "max_running": opts.max_running}
+    return {}

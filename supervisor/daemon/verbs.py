@@ -1,0 +1,122 @@
+"""The everyday verbs: restart, hold, release, pause, resume, clean, cancel --all, and
+`run` jobs tied to their client's connection.
+
+The job-state changes go through the engine (Submit, HoldJob, Cancel); the decision of
+whether a hold applies is `hold_refusal`, pure.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from supervisor.core.commands import Cancel, HoldJob
+from supervisor.core.jobs import Job, JobState
+from supervisor.daemon import joblogs, jobrows
+from supervisor.daemon.clock import now_iso
+from supervisor.wire import protocol
+from supervisor.wire.protocol import Clean, JobRef, ProtocolError
+
+if TYPE_CHECKING:
+    from supervisor.daemon.api import Api
+    from supervisor.daemon.server import Peer
+
+PAUSED_FILE = "paused"  # in the state dir: a pause outlives a restart of the daemon
+CLOSE_CANCEL_S = 10.0  # the longest a closed `run` connection's cancels may take
+
+
+def hold_refusal(job: Job, hold: bool) -> str | None:
+    """Why `hold` (or `release`) does not apply to this job, or None."""
+    if job.state is not JobState.QUEUED:
+        return f"is {job.state.value}; only a queued job can be {'held' if hold else 'released'}"
+    if job.held == hold:
+        return "is already held" if hold else "is not held"
+    return None
+
+
+class Verbs:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.engine = api.engine
+        self.table = api.engine.table
+        self.store = api.store
+        self.bound: dict[int, set[int]] = {}  # connection -> its `run` jobs
+
+    async def _each(
+        self, req: JobRef, peer: Peer, act: Callable[[Job], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Every id checked for permission first (all or nothing), then acted on alone."""
+        for job_id in req.ids:
+            job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
+            if job is not None and not self.api.access.may_act(peer, job):
+                raise ProtocolError(protocol.FORBIDDEN, f"not allowed: {req.type} job {job_id}")
+        results = []
+        for job_id in req.ids:
+            try:
+                results.append({"id": job_id, "ok": True, **await act(await self.api._job(job_id))})
+            except ProtocolError as exc:
+                results.append({"id": job_id, "ok": False, "error": exc.message})
+        return {"ok": True, "results": results}
+
+    async def restart(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        async def act(job: Job) -> dict[str, Any]:
+            if not job.state.terminal:
+                raise ProtocolError(protocol.INVALID_STATE, f"is still {job.state.value}")
+            await self.api.check_after(job.spec.after)
+            new, _ = await self.api.enqueue([job.spec], job.spec.owner_uid)
+            return {"new_id": new[0]}
+
+        return await self._each(req, peer, act)
+
+    async def hold(self, req: JobRef, peer: Peer) -> dict[str, Any]:
+        hold = req.type == "hold"
+
+        async def act(job: Job) -> dict[str, Any]:
+            why = hold_refusal(job, hold)
+            if why is not None:
+                raise ProtocolError(protocol.INVALID_STATE, why)
+            await self.engine.do(HoldJob(job.id, hold, peer.uid))
+            return {"held": hold}
+
+        return await self._each(req, peer, act)
+
+    async def pause(self, peer: Peer, paused: bool) -> dict[str, Any]:
+        if peer.uid != os.geteuid() and not self.api.access.is_admin(peer.uid):
+            raise ProtocolError(protocol.FORBIDDEN, "not allowed: only admins pause the queue")
+        marker = self.api.cfg.state_dir / PAUSED_FILE
+        if paused:
+            marker.write_text(f"paused by uid {peer.uid} at {now_iso()}\n")
+        else:
+            marker.unlink(missing_ok=True)
+        self.api.dispatcher.paused = paused
+        self.api.dispatcher.poke()
+        return {"ok": True, "paused": paused}
+
+    def own_active(self, peer: Peer) -> tuple[int, ...]:
+        return tuple(sorted(j.id for j in self.table.jobs.values() if j.spec.owner_uid == peer.uid))
+
+    async def clean(self, req: Clean, peer: Peer) -> dict[str, Any]:
+        owner = None if self.api.access.is_admin(peer.uid) else peer.uid
+        ids = await jobrows.clean(self.store, owner, time.time() - req.older_than_s, now_iso())
+        freed = joblogs.remove(self.api.logs_dir, ids)
+        return {"ok": True, "removed": ids, "freed_mb": -(-freed // (1 << 20))}
+
+    # ---- run: a job tied to its client's connection ----------------------------------
+
+    def bind(self, peer: Peer, job_id: int) -> None:
+        self.bound.setdefault(peer.conn, set()).add(job_id)
+
+    async def connection_closed(self, peer: Peer) -> None:
+        """The client of `run` jobs went away: cancel what is left of them. Not while
+        draining: then the daemon, not the client, is going away."""
+        ids = self.bound.pop(peer.conn, set())
+        active = [i for i in sorted(ids) if i in self.table.jobs]
+        if not active or self.api.draining():
+            return
+        with anyio.move_on_after(CLOSE_CANCEL_S, shield=True):
+            for job_id in active:
+                await self.engine.do(Cancel(job_id))
