@@ -20,6 +20,7 @@ def job_json(
     host_memory: Projection | None,
     attempts: list[Attempt] | None = None,
     events: list[dict[str, Any]] | None = None,
+    stopping: bool = False,
 ) -> JobJson:
     spec = job.spec
     out: JobJson = {
@@ -31,6 +32,7 @@ def job_json(
         "labels": dict(spec.labels),
         "mem_key": spec.mem_key,
         "state": job.state.value,
+        "stopping": stopping,
         "waiting_for": job.waiting_for,
         "gpus_requested": spec.gpus,
         "gpus": list(job.gpus),
