@@ -32,7 +32,7 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
-from supervisor.daemon.runner import LaunchSpec, ProcessTable, SpawnError
+from supervisor.daemon.runner import LaunchSpec, SpawnError
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
 
@@ -73,6 +73,7 @@ class Proc:
     tracker: ProgressTracker | None = None
     oom_kills_at_start: int | None = None
     aborting: bool = False
+    oom_score_adj: int | None = None  # as last written to its tree; None: not known
 
 
 class Evidence(Protocol):
@@ -182,6 +183,7 @@ class Runner:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             return
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
+        p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec
         p.oom_kills_at_start = self.evidence.oom_kills_now()
         self.procs[job_id] = p
         self.rank()
@@ -261,15 +263,18 @@ class Runner:
     def rank(self) -> None:
         """Newest dispatched job's tree at 1000, every other job's at the base value, so
         the kernel kills the newest first; re-run when the newest ends (the next newest
-        is promoted) and after each dispatch (the new job set its own value before exec)."""
-        if not self.procs:
-            return
-        table = ProcessTable()  # one read of /proc for every job's tree
-        trees = {job_id: [q.pid for q in p.handle.tree(table)] for job_id, p in self.procs.items()}
+        is promoted) and after each dispatch (the new job set its own value before exec).
+
+        Only a job whose value changes is written, the pids read from its cgroup: a
+        dispatch lowers the one job that was newest, and reads no other process."""
         newest = ranking.newest_job({p.job_id: p.seq for p in self.procs.values()})
-        assert newest is not None
-        others = {job: pids for job, pids in trees.items() if job != newest}
-        failures = oom.apply(ranking.oom_adjustments(trees[newest], others, base=self.oom_base))
+        failures: list[str] = []
+        for p in list(self.procs.values()):
+            value = ranking.NEWEST if p.job_id == newest else self.oom_base
+            if p.oom_score_adj == value:
+                continue
+            failures += oom.apply(dict.fromkeys(p.handle.pids_now(), value))
+            p.oom_score_adj = value
         if failures:
             log.debug("oom_score_adj not applied", failures=failures[:5])
 

@@ -82,7 +82,7 @@ async def reconcile(
         frozenset(killed),
         ended,
         next_id,
-        frozenset(adopted),
+        {i: (proc.pid, proc.start_time) for i, proc in adopted.items()},
         {i: book.projection(spec) for i, spec in specs.items()},  # it counts as it did
         {i: book.vram_need(spec) or 0 for i, spec in specs.items()},
     )

@@ -29,6 +29,7 @@ def job_json(
     host_memory: Projection | None,
     attempts: list[Attempt] | None = None,
     events: list[dict[str, Any]] | None = None,
+    stopping: bool = False,
 ) -> JobJson:
     spec = job.spec
     out: JobJson = {
@@ -40,6 +41,7 @@ def job_json(
         "labels": dict(spec.labels),
         "mem_key": spec.mem_key,
         "state": job.state.value,
+        "stopping": stopping,
         "waiting_for": job.waiting_for,
         "gpus_requested": spec.gpus,
         "gpus": list(job.gpus),
