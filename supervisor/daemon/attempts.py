@@ -178,7 +178,10 @@ class Runner:
             return
         try:
             spec = self._launch_spec(order.job, n, order.cards)
-            handle = await self.keepers.spawn(keeper_name(order.cards), spec)
+            limit = order.job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
+            handle = await self.keepers.spawn(
+                keeper_name(order.cards), spec, mem_max=limit and limit * 2**20
+            )
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             return
