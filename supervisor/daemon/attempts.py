@@ -76,6 +76,13 @@ class Proc:
     oom_score_adj: int | None = None  # as last written to its tree; None: not known
 
 
+def _peak_mb(sampled_mb: int, kernel_bytes: int | None) -> int:
+    """The attempt's recorded peak: its cgroup's high-water mark where the kernel kept
+    one (exact, however short the peak; what a limit on the job would be held to), else
+    the most the sampler saw of its processes' RSS."""
+    return kernel_bytes >> 20 if kernel_bytes else sampled_mb
+
+
 class Evidence(Protocol):
     """What the kernel-log watcher knows about an attempt's end (hangs.HangWatcher)."""
 
@@ -178,7 +185,10 @@ class Runner:
             return
         try:
             spec = self._launch_spec(order.job, n, order.cards)
-            handle = await self.keepers.spawn(keeper_name(order.cards), spec)
+            limit = order.job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
+            handle = await self.keepers.spawn(
+                keeper_name(order.cards), spec, mem_max=limit and limit * 2**20
+            )
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             return
@@ -250,7 +260,7 @@ class Runner:
             status,
             hang=hang,
             oom=oom_why,
-            peak_rss_mb=p.peak_rss_mb,
+            peak_rss_mb=_peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
             peak_vram_mb=p.peak_vram_mb,
             machine=machine,
         )

@@ -49,8 +49,12 @@ def test_an_escaped_descendant_dies_before_its_finished_job_frees_the_card(
     make_daemon: Callable[..., Daemon],
 ) -> None:
     d = make_daemon(gpus="1x8G")
-    job = d.submit("sh", "-c", _escaping(str(d.root / "a.pid"), "exit 0"))
+    go = d.root / "go"
+    job = d.submit(
+        "sh", "-c", _escaping(str(d.root / "a.pid"), f"until [ -e {go} ]; do sleep 0.01; done")
+    )
     pid = _escaped_pid(d, "a.pid")
+    go.touch()  # the leader exits 0; its escaped descendant is still running
     done = d.wait_done(job)
     assert done["state"] == "succeeded"
     assert not _alive(pid)  # killed before the end was reported, so before the card was free
