@@ -1,6 +1,6 @@
 """The runner: performs the engine's Spawn and Kill actions and reports back.
 
-It starts a claimed attempt's process (runner.py: spawn / kill / wait), keeps its live
+It starts a claimed attempt's process through its keeper (keepers.py), keeps its live
 figures (RSS, peak), gathers the facts of its end (exit status, hang and OOM evidence)
 and sends them to the engine, which decides what the end means (core/outcome.py).
 """
@@ -32,7 +32,7 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
-from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.daemon.launch import LaunchSpec, SpawnError
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
 

@@ -2,9 +2,9 @@
 
 One `Keeper` per keeper directory (`<state>/keepers/<name>`), one connection each,
 attached: a newer gpusvd's attach closes an older one's connection, and every exit is
-pushed to us once it is on the keeper's disk. `KeptProcess` offers what
-`runner.ProcessHandle` offers (pid, start time, wait, kill), so the runner's callers
-swap one for the other; the processes are the keeper's children, never ours.
+pushed to us once it is on the keeper's disk. `KeptProcess` is a running attempt's
+handle (pid, start time, wait, kill, its processes); the processes are the keeper's
+children, never ours.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from anyio.abc import SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.core.jobs import ExitStatus
-from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.daemon.launch import LaunchSpec, SpawnError
 from supervisor.keeper.client import Connection, KeeperError, launch
 from supervisor.keeper.journal import Key, Record, record_from
 
@@ -61,11 +61,11 @@ def exit_status(record: Record) -> ExitStatus | None:
 
 @dataclass
 class KeptProcess:
-    """A job's leader, kept by a keeper: ProcessHandle's shape, over the keeper's socket.
+    """A job's leader, kept by a keeper, reached over the keeper's socket.
 
     The synchronous methods (tree, signal_tree, kill_tree) serve callers on worker and
-    abort threads, as ProcessHandle's do: they read the job's cgroup themselves, and a
-    kill opens a connection of its own."""
+    abort threads: they read the job's cgroup themselves, and a kill opens a connection
+    of its own."""
 
     keeper: Keeper
     record: Record

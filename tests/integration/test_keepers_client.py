@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from supervisor.daemon.keepers import KeeperGone, Keepers, exit_status
-from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.daemon.launch import LaunchSpec, SpawnError
 from supervisor.keeper import cgroup
 from supervisor.keeper.client import pid_of
 
