@@ -1,5 +1,5 @@
-"""What a job's start needs (`LaunchSpec`), handed to its keeper, and the one thing the
-daemon still does to processes itself: kill what an attempt from before keepers left."""
+"""What the daemon still does to processes itself: kill what an attempt started before
+keepers left behind. (A start is a `supervisor.keeper.spawn.Spec`, sent to a keeper.)"""
 
 from __future__ import annotations
 
@@ -7,29 +7,12 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 
 
 class SpawnError(Exception):
     """The command could not be started; the message says why, for the user."""
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    job_id: int
-    attempt: int
-    argv: tuple[str, ...]
-    cwd: str
-    env: dict[str, str]
-    stdout: Path
-    stderr: Path
-    uid: int | None = None  # None: run as the daemon's own user
-    gid: int | None = None
-    groups: tuple[int, ...] | None = None
-    oom_score_adj: int | None = None
 
 
 def kill_leftover(pid: int, start_time: float | None) -> bool:
