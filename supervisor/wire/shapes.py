@@ -148,6 +148,7 @@ class PublicJobJson(TypedDict):
     gpus: list[int]
     gpus_requested: int
     waiting_for: str | None
+    submitted_at: str
 
 
 # ---- replies -------------------------------------------------------------------------------

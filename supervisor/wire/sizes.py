@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 
 _MIB = 1024**2
 _UNITS = {"": 1, "K": 1024, "M": _MIB, "G": 1024**3, "T": 1024**4}
@@ -31,6 +30,8 @@ def parse_size(text: str | int, key: str = "size") -> int:
     match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise _fail(key, "must be a size >= 0 like '24G' (K, M, G, T: powers of 1024)", text)
+    from fractions import Fraction  # here: `gpusv list` reaches this module, never this line
+
     number, unit = match.group(1), (match.group(2) or "").upper()
     return math.ceil(Fraction(number) * _UNITS[unit])
 
