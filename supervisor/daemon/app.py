@@ -37,6 +37,7 @@ from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
+from supervisor.daemon.space import wait_for_space
 from supervisor.daemon.startup import (
     deadman_exit,
     lock_state_dir,
@@ -73,6 +74,7 @@ async def build(cfg: Config, load_config: Callable[[], Config] | None = None) ->
     os.chmod(state, 0o700)
     lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
+    await wait_for_space(state, Notifier())
     store = await Store.open(state / "state.db")
     try:
         return await _assemble(cfg, store, load_config)

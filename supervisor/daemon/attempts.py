@@ -1,6 +1,6 @@
 """The runner: performs the engine's Spawn and Kill actions and reports back.
 
-It starts a claimed attempt's process (runner.py: spawn / kill / wait), keeps its live
+It starts a claimed attempt's process through its keeper (keepers.py), keeps its live
 figures (RSS, peak), gathers the facts of its end (exit status, hang and OOM evidence)
 and sends them to the engine, which decides what the end means (core/outcome.py).
 """
@@ -32,9 +32,10 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
-from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.daemon.launch import SpawnError
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
+from supervisor.keeper.spawn import Spec
 
 if TYPE_CHECKING:
     from supervisor.daemon.gpu_monitor import GpuMonitor
@@ -79,8 +80,9 @@ class Proc:
 def _peak_mb(sampled_mb: int, kernel_bytes: int | None) -> int:
     """The attempt's recorded peak: its cgroup's high-water mark where the kernel kept
     one (exact, however short the peak; what a limit on the job would be held to), else
-    the most the sampler saw of its processes' RSS."""
-    return kernel_bytes >> 20 if kernel_bytes else sampled_mb
+    the most the sampler saw of its processes' RSS. Rounded up: a job that charged a few
+    hundred KiB still ran with a figure, and so still adds to its key's history."""
+    return -(-kernel_bytes // 2**20) if kernel_bytes else sampled_mb
 
 
 class Evidence(Protocol):
@@ -148,7 +150,7 @@ class Runner:
                 else:
                     tg.start_soon(self.kill, order)
 
-    def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> LaunchSpec:
+    def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> Spec:
         user_env, uid, gid, groups = _user_of(job.spec.owner_uid)
         env = apply_visibility({**job.spec.env, **user_env}, self.monitor.visibility_env(cards))
         env["GPUSV_JOB_ID"] = str(job.id)
@@ -161,18 +163,20 @@ class Runner:
         out, err = self.log_paths(job.id)
         if n > 1:  # where one attempt's output ends and the next one's starts
             joblogs.append((out, err), joblogs.header(job.id, n, now_iso()))
-        return LaunchSpec(
-            job_id=job.id,
+        limit = job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
+        return Spec(
+            job=job.id,
             attempt=n,
             argv=job.spec.argv,
             cwd=job.spec.cwd,
             env=env,
-            stdout=out,
-            stderr=err,
+            stdout=str(out),
+            stderr=str(err),
             uid=uid,
             gid=gid,
             groups=groups,
             oom_score_adj=ranking.NEWEST,
+            mem_max=limit and limit * 2**20,
         )
 
     async def launch(self, order: Spawn) -> None:
@@ -185,10 +189,7 @@ class Runner:
             return
         try:
             spec = self._launch_spec(order.job, n, order.cards)
-            limit = order.job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
-            handle = await self.keepers.spawn(
-                keeper_name(order.cards), spec, mem_max=limit and limit * 2**20
-            )
+            handle = await self.keepers.spawn(keeper_name(order.cards), spec)
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             return

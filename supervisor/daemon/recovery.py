@@ -24,8 +24,8 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.commit import next_job_id
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess
+from supervisor.daemon.launch import kill_leftover
 from supervisor.daemon.membook import MemoryBook
-from supervisor.daemon.runner import kill_leftover
 from supervisor.daemon.store import Store
 from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Key
