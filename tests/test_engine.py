@@ -227,6 +227,28 @@ def test_recover_requeues_what_ran_and_remembers_announced_holds() -> None:
     assert t.announced == {4} and t.next_id == 10 and len(t.queue) == 2
 
 
+def test_recover_keeps_an_adopted_attempt_running_with_the_pid_its_keeper_recorded() -> None:
+    t = Table()
+    started = Job(3, spec(), JobState.RUNNING, attempts=1, started_at=ISO)
+    known = Job(5, spec(), JobState.RUNNING, attempts=2, started_at=ISO)
+    unrecorded = Attempt(3, 1, (1,), ISO, "")  # the daemon died before it committed the pid
+    recorded = Attempt(5, 2, (0,), ISO, "", pid=77, pid_start=1234.5)
+    adopted: dict[int, tuple[int, float | None]] = {3: (66, 999.0), 5: (77, 1234.5)}
+    out = run(
+        t,
+        c.Recover((started, known), {3: unrecorded, 5: recorded}, frozenset(), {}, 9, adopted),
+    )
+    (set_pid,) = out.writes
+    assert isinstance(set_pid, c.SetPid)
+    assert (set_pid.attempt.job_id, set_pid.attempt.n) == (3, 1)
+    assert (set_pid.attempt.pid, set_pid.attempt.pid_start) == (66, 999.0)
+    assert t.live[3].attempt.pid == 66 and t.live[3].cards == (1,)
+    assert t.live[5].attempt.pid == 77 and t.live[5].cards == (0,)
+    assert t.live[3].phase is Phase.RUNNING and t.live[5].phase is Phase.RUNNING
+    assert t.jobs[3].state is JobState.RUNNING and t.jobs[5].attempts == 2
+    assert not t.queue
+
+
 # ---- any sequence of commands -----------------------------------------------------------
 
 commands = st.lists(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.memory import TreeSampler, read_meminfo
+from supervisor.daemon.memory import TreeSampler, available_mb, read_meminfo
 
 # Bytes multiplication writes every page, so the memory is resident, not just reserved.
 HOG = """
@@ -183,3 +183,9 @@ def test_a_reparented_descendant_is_still_counted(hog_script: Path) -> None:
 def read_ppid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat.rpartition(")")[2].split()[1])
+
+
+def test_available_mb_reads_memavailable_as_read_meminfo_does() -> None:
+    fast, full = available_mb(), read_meminfo().available_mb
+    assert fast > 0
+    assert abs(fast - full) < 1024  # two reads a moment apart; the box is not still

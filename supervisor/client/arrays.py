@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from typing import Any
 
-from supervisor.client.connection import Client
 from supervisor.wire.sizes import ConfigError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `list` starts sooner
+if TYPE_CHECKING:
+    from typing import Any
+
+    from supervisor.client.connection import Client
 
 MAX_INDICES = 100_000
 STATE_ORDER = ("queued", "running", "succeeded", "failed", "cancelled")

@@ -8,16 +8,19 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
-from supervisor.client.submitting import EXIT_WAIT_TIMEOUT, exit_status, submit_request
 from supervisor.wire.durations import parse_duration
 from supervisor.wire.sizes import ConfigError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `list` starts sooner
 if TYPE_CHECKING:
     import argparse
+    from types import SimpleNamespace
+    from typing import Any
 
     from supervisor.client.connection import Client
+
+    Args = argparse.Namespace | SimpleNamespace  # the parser's, or the lean path's (quick.py)
 
 EXIT_NO = 1
 RECENT_S = 86400.0  # `list` without --all: active jobs and those ended this recently
@@ -60,6 +63,8 @@ def submit_call(client: Client, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_submit(client: Client, a: argparse.Namespace) -> int:
+    from supervisor.client.submitting import submit_request
+
     request = submit_request(a)
     reply = submit_call(client, request)
     if a.dry_run:
@@ -79,7 +84,7 @@ def cmd_submit(client: Client, a: argparse.Namespace) -> int:
 # ---- reading -------------------------------------------------------------------------
 
 
-def _owner(a: argparse.Namespace) -> int | None:
+def _owner(a: Args) -> int | None:
     if a.mine and a.user:
         raise ConfigError("give --user or --mine, not both")
     if a.mine:
@@ -96,7 +101,7 @@ def _owner(a: argparse.Namespace) -> int | None:
         raise ConfigError(f"--user: no user {a.user!r}") from None
 
 
-def cmd_list(client: Client, a: argparse.Namespace) -> int:
+def cmd_list(client: Client, a: Args) -> int:
     from supervisor.client import render  # only for the commands that print jobs or sizes
 
     request: dict[str, Any] = {"type": "list", "limit": a.limit}
@@ -114,14 +119,15 @@ def cmd_list(client: Client, a: argparse.Namespace) -> int:
     if a.json:
         out_json(jobs)
     else:
-        from supervisor.client import arrays
-
         _lines(render.list_lines(jobs))
-        _lines(arrays.summaries(jobs))
+        if any(j.get("array_id") is not None for j in jobs):
+            from supervisor.client import arrays  # a module less to import for most lists
+
+            _lines(arrays.summaries(jobs))
     return 0
 
 
-def cmd_show(client: Client, a: argparse.Namespace) -> int:
+def cmd_show(client: Client, a: Args) -> int:
     from supervisor.client import render  # only for the commands that print jobs or sizes
 
     job = client.call({"type": "show", "ids": [a.id]})["job"]
@@ -159,6 +165,8 @@ def cmd_logs(client: Client, a: argparse.Namespace) -> int:
 def wait_jobs(
     client: Client, ids: list[int], timeout: float | None, quiet: bool = False, js: bool = False
 ) -> int:
+    from supervisor.client.submitting import EXIT_WAIT_TIMEOUT, exit_status
+
     request: dict[str, Any] = {"type": "wait", "ids": ids}
     if timeout is not None:
         request["timeout_s"] = timeout

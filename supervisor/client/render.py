@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import Any
 
 from supervisor.wire.durations import duration_text
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `list` starts sooner
+if TYPE_CHECKING:
+    from typing import Any
 
 COMMAND_WIDTH = 60
 _users: dict[int, str] = {}
@@ -80,7 +83,7 @@ def list_lines(jobs: list[dict[str, Any]]) -> list[str]:
         rows.append(
             [
                 str(j["id"]),
-                j["state"],
+                "stopping" if j.get("stopping") else j["state"],
                 user_name(j.get("owner_uid")),
                 ",".join(map(str, j.get("gpus") or [])) or str(j.get("gpus_requested", "-")),
                 age(j.get("submitted_at"), now),
@@ -124,6 +127,8 @@ def _retries(job: dict[str, Any]) -> str:
 
 def show_lines(job: dict[str, Any]) -> list[str]:
     state = job["state"]
+    if job.get("stopping"):
+        state += " (stopping: signalled, not yet gone)"
     if job.get("held"):
         state += " (held: gpusv release to let it start)"
     if job.get("waiting_for"):

@@ -130,9 +130,10 @@ class Recover:
     killed: frozenset[int]  # jobs whose leftover processes were killed
     ended_parents: dict[int, JobState]
     next_id: int
-    # Jobs whose attempt a keeper still holds (running, or ended while no daemon ran):
-    # they stay running under the same attempt, and their end comes as an Ended.
-    adopted: frozenset[int] = frozenset()
+    # Jobs whose attempt a keeper still holds (running, or ended while no daemon ran),
+    # with the (pid, start time) its keeper recorded: they stay running under the same
+    # attempt, and their end comes as an Ended.
+    adopted: dict[int, tuple[int, float | None]] = field(default_factory=dict)
     projections: dict[int, Projection | None] = field(default_factory=dict)  # adopted jobs'
     vram_reserved: dict[int, int] = field(default_factory=dict)
 

@@ -317,7 +317,13 @@ def _progress(d: _Draft, cmd: Progress) -> None:
 
 
 def _adopt(d: _Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
-    """A job whose keeper still holds its attempt: running as stored, its cards taken."""
+    """A job whose keeper still holds its attempt: running as stored, its cards taken.
+    The pid comes from the keeper's record: a daemon killed before it committed the
+    start left none in the store."""
+    pid, pid_start = cmd.adopted[job.id]
+    if (attempt.pid, attempt.pid_start) != (pid, pid_start):
+        attempt = dataclasses.replace(attempt, pid=pid, pid_start=pid_start)
+        d.out.writes.append(SetPid(attempt))
     seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
     d.c.seq = seq
     d.c.jobs[job.id] = job

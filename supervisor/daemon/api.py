@@ -278,7 +278,15 @@ class Api:
     # ---- reading --------------------------------------------------------------------
 
     def job_view(self, job: Job) -> JobJson:
-        return views.job_json(job, host_memory=self.book.projection(job.spec))
+        return views.job_json(
+            job, host_memory=self.book.projection(job.spec), stopping=self._stopping(job.id)
+        )
+
+    def _stopping(self, job_id: int) -> bool:
+        """Running, and the daemon has set out to stop it (cancel, timeout, hang, squeeze):
+        signalled, not yet gone. A stopped (SIGSTOP) process shows this until it dies."""
+        live = self.table.live.get(job_id)
+        return live is not None and live.kill is not None
 
     async def _job(self, job_id: int) -> Job:
         job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
@@ -325,7 +333,11 @@ class Api:
             await self._started(job_id)
             job, attempts, events = await self.engine.read(read)
         obj = views.job_json(
-            job, host_memory=self.book.projection(job.spec), attempts=attempts, events=events
+            job,
+            host_memory=self.book.projection(job.spec),
+            attempts=attempts,
+            events=events,
+            stopping=self._stopping(job.id),
         )
         live = self.live_rss(job.id)
         shown = obj.get("attempts")

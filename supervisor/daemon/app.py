@@ -6,21 +6,18 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
 import structlog
 
-from supervisor.core.commands import Changed, Stop
-from supervisor.core.jobs import FailureReason, JobState
-from supervisor.daemon import cgroups, joblogs, logs, oom, reload
+from supervisor.core.commands import Changed
+from supervisor.core.jobs import JobState
+from supervisor.daemon import cgroups, joblogs, logs, oom, shutdown
 from supervisor.daemon.access import Access
 from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
@@ -35,10 +32,12 @@ from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.keepers import Keepers, cgroup_tag
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import read_meminfo
+from supervisor.daemon.parts import Parts, Phase
 from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
+from supervisor.daemon.space import wait_for_space
 from supervisor.daemon.startup import (
     deadman_exit,
     lock_state_dir,
@@ -67,39 +66,6 @@ STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
 SELF_PING_S = 10.0  # the server's check-in; as often as WATCHDOG=1 when that is sooner
 
 
-class Phase(Enum):
-    """Where the daemon is in its life; shutdown runs start-up backwards."""
-
-    STARTING = "starting"
-    SERVING = "serving"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-@dataclass
-class Parts:
-    cfg: Config
-    store: Store
-    broker: Broker
-    engine: Engine
-    book: MemoryBook
-    monitor: GpuMonitor
-    dispatcher: Dispatcher
-    hangs: HangWatcher
-    runner: Runner
-    keepers: Keepers
-    hooks: Hooks
-    deadman: Deadman
-    notifier: Notifier
-    board: HealthBoard
-    telemetry: Telemetry
-    server: Server
-    access: Access
-    api: Api
-    phase: Phase = Phase.STARTING
-    load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again
-
-
 async def build(cfg: Config, load_config: Callable[[], Config] | None = None) -> Parts:
     # Refuse before touching the state: a second daemon must not reconcile the first's jobs.
     preflight(cfg.socket, cfg.socket_group)
@@ -108,6 +74,7 @@ async def build(cfg: Config, load_config: Callable[[], Config] | None = None) ->
     os.chmod(state, 0o700)
     lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
+    await wait_for_space(state, Notifier())
     store = await Store.open(state / "state.db")
     try:
         return await _assemble(cfg, store, load_config)
@@ -230,51 +197,6 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
     )
 
 
-async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
-    """Admit nothing more, stop running jobs as `interrupted` (requeued, uncharged), exit."""
-    parts.phase = Phase.DRAINING
-    parts.dispatcher.drain()
-    parts.notifier.stopping()
-    table = parts.engine.table
-    log.info("draining", running=len(table.live))
-    grace = parts.cfg.jobs.kill_grace_s
-    parts.notifier.extend_timeout(grace + 30)
-    idle = anyio.Event()
-
-    def check(_ev: Changed) -> None:
-        if not table.live:
-            idle.set()
-
-    parts.broker.subscribe(Changed, check)
-    for job_id in list(table.live):
-        await parts.engine.do(Stop(job_id, FailureReason.INTERRUPTED))
-    with anyio.move_on_after(grace + 10):
-        if table.live:
-            await idle.wait()
-        while parts.runner.procs:  # each end acknowledged to its keeper
-            await anyio.sleep(0.02)
-    await parts.keepers.shutdown_idle()  # a stopped daemon leaves no keeper behind
-    log.info("drained")
-    scope.cancel()
-
-
-async def _signals(parts: Parts, scope: anyio.CancelScope) -> None:
-    """Signals become events: the first SIGTERM/SIGINT starts the drain, a second stops at
-    once; SIGHUP reloads the config."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async with anyio.create_task_group() as tg:
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    reload.apply(parts)
-                elif parts.phase is not Phase.DRAINING:
-                    log.info("signal: drain", signal=signal.Signals(signum).name)
-                    tg.start_soon(_drain, parts, scope)
-                else:
-                    log.warning("second signal: stopping now")
-                    parts.runner.kill_all_now()
-                    scope.cancel()
-
-
 async def _status(parts: Parts) -> None:
     changed = anyio.Event()
 
@@ -323,7 +245,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             )
             await tg.start(sampler.run)
             await tg.start(parts.server.run)
-            tg.start_soon(_signals, parts, scope)
+            tg.start_soon(shutdown.signals, parts, scope)
             tg.start_soon(_status, parts)
             interval = watchdog_interval_s(os.environ)
             every = min(SELF_PING_S, interval or SELF_PING_S)

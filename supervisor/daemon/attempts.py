@@ -1,6 +1,6 @@
 """The runner: performs the engine's Spawn and Kill actions and reports back.
 
-It starts a claimed attempt's process (runner.py: spawn / kill / wait), keeps its live
+It starts a claimed attempt's process through its keeper (keepers.py), keeps its live
 figures (RSS, peak), gathers the facts of its end (exit status, hang and OOM evidence)
 and sends them to the engine, which decides what the end means (core/outcome.py).
 """
@@ -32,9 +32,10 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
-from supervisor.daemon.runner import LaunchSpec, ProcessTable, SpawnError
+from supervisor.daemon.launch import SpawnError
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
+from supervisor.keeper.spawn import Spec
 
 if TYPE_CHECKING:
     from supervisor.daemon.gpu_monitor import GpuMonitor
@@ -73,6 +74,15 @@ class Proc:
     tracker: ProgressTracker | None = None
     oom_kills_at_start: int | None = None
     aborting: bool = False
+    oom_score_adj: int | None = None  # as last written to its tree; None: not known
+
+
+def _peak_mb(sampled_mb: int, kernel_bytes: int | None) -> int:
+    """The attempt's recorded peak: its cgroup's high-water mark where the kernel kept
+    one (exact, however short the peak; what a limit on the job would be held to), else
+    the most the sampler saw of its processes' RSS. Rounded up: a job that charged a few
+    hundred KiB still ran with a figure, and so still adds to its key's history."""
+    return -(-kernel_bytes // 2**20) if kernel_bytes else sampled_mb
 
 
 class Evidence(Protocol):
@@ -140,7 +150,7 @@ class Runner:
                 else:
                     tg.start_soon(self.kill, order)
 
-    def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> LaunchSpec:
+    def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> Spec:
         user_env, uid, gid, groups = _user_of(job.spec.owner_uid)
         env = apply_visibility({**job.spec.env, **user_env}, self.monitor.visibility_env(cards))
         env["GPUSV_JOB_ID"] = str(job.id)
@@ -153,18 +163,20 @@ class Runner:
         out, err = self.log_paths(job.id)
         if n > 1:  # where one attempt's output ends and the next one's starts
             joblogs.append((out, err), joblogs.header(job.id, n, now_iso()))
-        return LaunchSpec(
-            job_id=job.id,
+        limit = job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
+        return Spec(
+            job=job.id,
             attempt=n,
             argv=job.spec.argv,
             cwd=job.spec.cwd,
             env=env,
-            stdout=out,
-            stderr=err,
+            stdout=str(out),
+            stderr=str(err),
             uid=uid,
             gid=gid,
             groups=groups,
             oom_score_adj=ranking.NEWEST,
+            mem_max=limit and limit * 2**20,
         )
 
     async def launch(self, order: Spawn) -> None:
@@ -182,6 +194,7 @@ class Runner:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             return
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
+        p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec
         p.oom_kills_at_start = self.evidence.oom_kills_now()
         self.procs[job_id] = p
         self.rank()
@@ -248,7 +261,7 @@ class Runner:
             status,
             hang=hang,
             oom=oom_why,
-            peak_rss_mb=p.peak_rss_mb,
+            peak_rss_mb=_peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
             peak_vram_mb=p.peak_vram_mb,
             machine=machine,
         )
@@ -261,15 +274,18 @@ class Runner:
     def rank(self) -> None:
         """Newest dispatched job's tree at 1000, every other job's at the base value, so
         the kernel kills the newest first; re-run when the newest ends (the next newest
-        is promoted) and after each dispatch (the new job set its own value before exec)."""
-        if not self.procs:
-            return
-        table = ProcessTable()  # one read of /proc for every job's tree
-        trees = {job_id: [q.pid for q in p.handle.tree(table)] for job_id, p in self.procs.items()}
+        is promoted) and after each dispatch (the new job set its own value before exec).
+
+        Only a job whose value changes is written, the pids read from its cgroup: a
+        dispatch lowers the one job that was newest, and reads no other process."""
         newest = ranking.newest_job({p.job_id: p.seq for p in self.procs.values()})
-        assert newest is not None
-        others = {job: pids for job, pids in trees.items() if job != newest}
-        failures = oom.apply(ranking.oom_adjustments(trees[newest], others, base=self.oom_base))
+        failures: list[str] = []
+        for p in list(self.procs.values()):
+            value = ranking.NEWEST if p.job_id == newest else self.oom_base
+            if p.oom_score_adj == value:
+                continue
+            failures += oom.apply(dict.fromkeys(p.handle.pids_now(), value))
+            p.oom_score_adj = value
         if failures:
             log.debug("oom_score_adj not applied", failures=failures[:5])
 

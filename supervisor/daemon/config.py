@@ -153,6 +153,9 @@ class HostMemoryConfig:
     sample_interval_s: float = field(default=0.5, metadata={"parse": _TIMEOUT})
     max_backfill_wait_s: float = field(default=900.0, metadata={"parse": _number(0.0)})
     squeeze_below: MemSpec | None = field(default=None, metadata={"parse": _mem})
+    # A job's --mem as its cgroup's hard limit (memory.max, or memory.limit_in_bytes on
+    # v1): off by default, since --mem is otherwise a figure for admission only.
+    enforce_declared: bool = field(default=False, metadata={"parse": _bool})
 
     def limit_mb(self, total_mb: int) -> int:
         return total_mb if self.limit is None else self.limit.resolve(total_mb)

@@ -24,6 +24,9 @@ from supervisor.gpus.health import placeable
 from supervisor.gpus.visibility import VisibleBy, identify
 
 log = structlog.get_logger("gpusvd.gpus")
+# A poke reads the cards at once unless they were read this recently: a flood of short
+# jobs would otherwise start a query thread per card for every job.
+POKE_GAP_S = 0.2
 T = TypeVar("T")
 Call = Callable[[Callable[[], T], str], Awaitable[T]]
 
@@ -154,8 +157,12 @@ class GpuMonitor:
             task_status.started()
             while True:
                 self.beat()
+                read_at = monotonic()
                 for card in list(self.cards):
                     tg.start_soon(self.probe, card.index)
                 with anyio.move_on_after(self.interval_s if self.busy() else self.idle_interval_s):
                     await self._wake.wait()
                 self._wake = anyio.Event()
+                rest = read_at + min(POKE_GAP_S, self.interval_s) - monotonic()
+                if rest > 0:
+                    await anyio.sleep(rest)

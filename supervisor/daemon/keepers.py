@@ -2,14 +2,15 @@
 
 One `Keeper` per keeper directory (`<state>/keepers/<name>`), one connection each,
 attached: a newer gpusvd's attach closes an older one's connection, and every exit is
-pushed to us once it is on the keeper's disk. `KeptProcess` offers what
-`runner.ProcessHandle` offers (pid, start time, wait, kill), so the runner's callers
-swap one for the other; the processes are the keeper's children, never ours.
+pushed to us once it is on the keeper's disk. `KeptProcess` is a running attempt's
+handle (pid, start time, wait, kill, its processes); the processes are the keeper's
+children, never ours.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,9 +26,10 @@ from anyio.abc import SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.core.jobs import ExitStatus
-from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.daemon.launch import SpawnError
 from supervisor.keeper.client import Connection, KeeperError, launch
 from supervisor.keeper.journal import Key, Record, record_from
+from supervisor.keeper.spawn import Spec
 
 log = structlog.get_logger("gpusvd.keepers")
 
@@ -61,11 +63,11 @@ def exit_status(record: Record) -> ExitStatus | None:
 
 @dataclass
 class KeptProcess:
-    """A job's leader, kept by a keeper: ProcessHandle's shape, over the keeper's socket.
+    """A job's leader, kept by a keeper, reached over the keeper's socket.
 
     The synchronous methods (tree, signal_tree, kill_tree) serve callers on worker and
-    abort threads, as ProcessHandle's do: they read the job's cgroup themselves, and a
-    kill opens a connection of its own."""
+    abort threads: they read the job's cgroup themselves, and a kill opens a connection
+    of its own."""
 
     keeper: Keeper
     record: Record
@@ -306,14 +308,12 @@ class Keepers:
             log.info("keeper attached", keeper=name, pid=keeper.pid, records=len(records))
             return keeper, records
 
-    async def spawn(
-        self, name: str, spec: LaunchSpec, *, mem_max: int | None = None
-    ) -> KeptProcess:
+    async def spawn(self, name: str, spec: Spec) -> KeptProcess:
         """Start the job through the named keeper. Raises SpawnError with a readable reason
         (including when no keeper can be started)."""
         try:
             keeper, _ = await self.ensure(name)
-            answer = await keeper.call("spawn", **_spawn_fields(spec, mem_max))
+            answer = await keeper.call("spawn", **dataclasses.asdict(spec))
         except KeeperError as exc:
             raise SpawnError(exc.message if exc.code == "spawn" else str(exc)) from None
         except (KeeperGone, OSError) as exc:
@@ -348,23 +348,6 @@ class Keepers:
                 await keeper.call("shutdown")
             except (KeeperError, KeeperGone):
                 continue
-
-
-def _spawn_fields(spec: LaunchSpec, mem_max: int | None) -> dict[str, Any]:
-    return {
-        "job": spec.job_id,
-        "attempt": spec.attempt,
-        "argv": list(spec.argv),
-        "cwd": spec.cwd,
-        "env": spec.env,
-        "stdout": str(spec.stdout),
-        "stderr": str(spec.stderr),
-        "uid": spec.uid,
-        "gid": spec.gid,
-        "groups": None if spec.groups is None else list(spec.groups),
-        "oom_score_adj": spec.oom_score_adj,
-        "mem_max": mem_max,
-    }
 
 
 def abandon(state_dir: Path) -> None:

@@ -40,6 +40,16 @@ def read_meminfo() -> MemInfo:
     return MemInfo(total, vm.available // _MB, swap.used // _MB)
 
 
+def available_mb() -> int:
+    """MemAvailable alone, from one read of /proc/meminfo: what every dispatch pass needs,
+    without read_meminfo's swap and cgroup-limit reads."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    return read_meminfo().available_mb
+
+
 @dataclass(frozen=True)
 class TreeSample:
     rss_mb: int  # summed over the tree; shared pages count once per process

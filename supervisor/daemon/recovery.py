@@ -24,8 +24,8 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.commit import next_job_id
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess
+from supervisor.daemon.launch import kill_leftover
 from supervisor.daemon.membook import MemoryBook
-from supervisor.daemon.runner import kill_leftover
 from supervisor.daemon.store import Store
 from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Key
@@ -82,7 +82,7 @@ async def reconcile(
         frozenset(killed),
         ended,
         next_id,
-        frozenset(adopted),
+        {i: (proc.pid, proc.start_time) for i, proc in adopted.items()},
         {i: book.projection(spec) for i, spec in specs.items()},  # it counts as it did
         {i: book.vram_need(spec) or 0 for i, spec in specs.items()},
     )

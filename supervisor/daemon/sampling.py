@@ -21,7 +21,6 @@ from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import TreeSampler, read_meminfo
-from supervisor.daemon.runner import reap_orphans
 from supervisor.faults.cputime import cpu_seconds
 from supervisor.faults.watchdog import (
     ProgressTracker,
@@ -93,8 +92,6 @@ class Sampler:
         await self._squeeze(meminfo.available_mb)
         await self._watchdog(running)
         await self._limits(running)
-        leaders = {r.handle.pid for r in self.runner.procs.values()}
-        reap_orphans(leaders)
         if self.table.held_counts():
             self.dispatcher.poke()  # the ledger moved: held jobs may fit now
 

@@ -23,7 +23,7 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.membook import MemoryBook
-from supervisor.daemon.memory import read_meminfo
+from supervisor.daemon.memory import available_mb, read_meminfo
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 
@@ -110,7 +110,7 @@ class Dispatcher:
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
             limit_mb=self.limit_mb,
-            available_mb=read_meminfo().available_mb,
+            available_mb=available_mb(),
             reserve_mb=self.reserve_mb,
         )
 

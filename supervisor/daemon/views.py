@@ -9,9 +9,18 @@ from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
 from supervisor.wire.shapes import AttemptJson, HostMemory, JobJson, PublicJobJson
 
-# What anyone who may connect can see of someone else's job: what it holds and why it
-# waits, never its text (name, argv, cwd, labels may carry secrets; env is never shown).
-PUBLIC_FIELDS = ("id", "state", "owner_uid", "gpus", "gpus_requested", "waiting_for")
+# What anyone who may connect can see of someone else's job: what it holds, why it waits
+# and since when, never its text (name, argv, cwd, labels may carry secrets; env is never
+# shown).
+PUBLIC_FIELDS = (
+    "id",
+    "state",
+    "owner_uid",
+    "gpus",
+    "gpus_requested",
+    "waiting_for",
+    "submitted_at",
+)
 
 
 def job_json(
@@ -20,6 +29,7 @@ def job_json(
     host_memory: Projection | None,
     attempts: list[Attempt] | None = None,
     events: list[dict[str, Any]] | None = None,
+    stopping: bool = False,
 ) -> JobJson:
     spec = job.spec
     out: JobJson = {
@@ -31,6 +41,7 @@ def job_json(
         "labels": dict(spec.labels),
         "mem_key": spec.mem_key,
         "state": job.state.value,
+        "stopping": stopping,
         "waiting_for": job.waiting_for,
         "gpus_requested": spec.gpus,
         "gpus": list(job.gpus),
@@ -76,4 +87,5 @@ def public_view(full: JobJson) -> PublicJobJson:
         "gpus": full["gpus"],
         "gpus_requested": full["gpus_requested"],
         "waiting_for": full["waiting_for"],
+        "submitted_at": full["submitted_at"],
     }

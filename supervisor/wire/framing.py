@@ -7,7 +7,10 @@ requests does not pay for importing the validation.
 from __future__ import annotations
 
 import json
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI imports this
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 MAX_LINE = 1024 * 1024  # one request line; longer ones are refused unread

@@ -130,6 +130,7 @@ class JobJson(TypedDict):
     array_index: int | None
     max_running: int | None
     held: bool  # held with `gpusv hold`: does not start until released
+    stopping: bool  # running, and being stopped: signalled, not yet gone
     time_limit_s: float | None  # wall-time limit per run (--time)
     submitted_at: str
     started_at: str | None
@@ -147,6 +148,7 @@ class PublicJobJson(TypedDict):
     gpus: list[int]
     gpus_requested: int
     waiting_for: str | None
+    submitted_at: str
 
 
 # ---- replies -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import time
@@ -15,14 +16,26 @@ from .conftest import Daemon
 from .test_gpu_hangs import XID_109_CARD0
 
 
-def test_a_wedged_abort_exits_70_with_forensics_and_the_job_survives_a_restart(
+def test_a_wedged_abort_exits_70_with_forensics_and_only_the_wedged_job_loses_its_attempt(
     make_daemon: Callable[..., Daemon],
 ) -> None:
-    d = make_daemon(env={"GPUSVD_ABORT_DEADLINE_S": "2"})
+    d = make_daemon(env={"GPUSVD_ABORT_DEADLINE_S": "2"}, config="cpu_slots = 1\n")
     marker = d.root / "started"
     script = f'if [ "$GPUSV_ATTEMPT" = 1 ]; then echo x > {marker}; sleep 300; fi'
     job = d.submit("sh", "-c", script)
     d.wait_for(marker.exists, what="the job to start")
+    assert d.show(job)["gpus"] == [0]
+    # Healthy jobs on the other card and on a CPU slot: their keepers hold them through
+    # the exit, and the next daemon takes them back.
+    fifos = {name: d.root / f"{name}.fifo" for name in ("card1", "cpu")}
+    for fifo in fifos.values():
+        os.mkfifo(fifo)
+    healthy = {
+        "card1": d.submit("sh", "-c", f"read c < {fifos['card1']}; exit $c", gpus=1),
+        "cpu": d.submit("sh", "-c", f"read c < {fifos['cpu']}; exit $c", gpus=0),
+    }
+    pids = {name: d.wait_pid(j) for name, j in healthy.items()}
+    assert d.show(healthy["card1"])["gpus"] == [1]
     d.set_card(0, wedged=True)
     wedged_at = time.monotonic()
     d.append_kernel(XID_109_CARD0)
@@ -41,6 +54,15 @@ def test_a_wedged_abort_exits_70_with_forensics_and_the_job_survives_a_restart(
     done = d.wait_done(job)
     assert done["state"] == "succeeded"
     assert done["retries"]["ordinary"]["used"] == 0
+    first, second = done["attempts"]  # the wedged attempt is the only one lost
+    assert first["reason"] in ("gpu_hang", "interrupted") and second["reason"] is None
+    for name, job_id in healthy.items():
+        shown = d.show(job_id)
+        assert shown["state"] == "running"
+        assert [(a["n"], a["pid"]) for a in shown["attempts"]] == [(1, pids[name])]
+        fifos[name].write_text("0\n")
+        ended = d.wait_done(job_id)
+        assert ended["state"] == "succeeded" and len(ended["attempts"]) == 1
     health = d.cli("health", check=False)
     assert health.returncode == 1 and "deadman" in health.stdout
     print(f"card wedged -> exit 70: {took:.2f}s (deadline 2 s)")

@@ -215,6 +215,8 @@ def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
         killed = d.wait_done(newer, timeout=60)
         assert killed["reason"] == "oom_killed", killed["attempts"]
         assert killed["attempts"][0]["signal"] == 9
+        # Told from the job's own cgroup counter, not the machine's or the daemon's.
+        assert killed["attempts"][0]["evidence"] == {"source": "job_cgroup_oom_kill"}
         assert d.show(older)["state"] == "running"
         release.touch()
         assert d.wait_done(older)["state"] == "succeeded"

@@ -16,9 +16,10 @@ import anyio
 import pytest
 
 from supervisor.daemon.keepers import KeeperGone, Keepers, exit_status
-from supervisor.daemon.runner import LaunchSpec, SpawnError
+from supervisor.daemon.launch import SpawnError
 from supervisor.keeper import cgroup
 from supervisor.keeper.client import pid_of
+from supervisor.keeper.spawn import Spec
 
 from .keeper_fixture import MEMCG, UNIFIED, alive, wait_for
 
@@ -55,9 +56,9 @@ def state_dir() -> Iterator[tuple[Path, Path, Path]]:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def _spec(state: Path, job: int, argv: list[str], attempt: int = 1) -> LaunchSpec:
+def _spec(state: Path, job: int, argv: list[str], attempt: int = 1) -> Spec:
     out = state / f"{job}.out"
-    return LaunchSpec(job, attempt, tuple(argv), "/tmp", {"PATH": "/usr/bin:/bin"}, out, out)
+    return Spec(job, attempt, tuple(argv), "/tmp", {"PATH": "/usr/bin:/bin"}, str(out), str(out))
 
 
 async def test_spawn_wait_and_acknowledge() -> None:

@@ -115,7 +115,9 @@ on_gpu_hang = {json.dumps([PY, "-c", WRITE_STDIN, str(hang_hook)])}
     assert d.wait_done(bad)["state"] == "failed"
     big = d.submit("sleep", "60", gpus=0, mem_mb=600)
     d.wait_state(big, "running")
-    held = d.submit("true", gpus=0, mem_mb=600)
+    # A key with no history: its declared 600 MiB counts (`true` ran above, so its own
+    # key has an observed peak that would count instead).
+    held = d.submit("true", gpus=0, mem_mb=600, mem_key="never-ran")
     d.wait_for(lambda: "host RAM" in (d.show(held)["waiting_for"] or ""), what="a host_ram hold")
     hung = d.submit("sleep", "60", gpus=1, gpu_hang_retries=0)
     card = d.wait_state(hung, "running")["gpus"][0]

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -497,6 +498,9 @@ def test_jobs_run_as_their_submitter_and_others_see_only_public_fields(
     listed = users.cli(a, d.socket, "list", "--json")
     theirs = next(j for j in json.loads(listed.stdout) if j["id"] == roots)
     assert set(theirs) == set(PUBLIC_FIELDS) and secret not in listed.stdout
+    rows = users.cli(a, d.socket, "list").stdout.splitlines()
+    their_row = next(r.split() for r in rows if r.split()[0] == str(roots))
+    assert re.fullmatch(r"\d+[smhd]", their_row[4]) and "(not yours)" in " ".join(their_row)
     top, waited = users.call(
         a, d.socket, {"type": "top"}, {"type": "wait", "ids": [roots], "timeout_s": 0.1}
     )

@@ -153,3 +153,21 @@ def test_a_job_filling_the_disk_is_recorded_once_space_is_back(
     d.start()
     again = d.show(job)
     assert again["state"] == "failed" and len(again["attempts"]) == 1
+
+
+def test_a_start_on_a_full_disk_waits_for_space_then_serves(
+    small_fs: Path, daemon_on: Callable[[Path], Daemon]
+) -> None:
+    d = daemon_on(small_fs)
+    job = d.submit("true", gpus=0)
+    assert d.wait_done(job)["state"] == "succeeded"
+    assert d.stop() == 0
+    filler = fill(small_fs)
+    d.start(wait=False)
+    d.wait_for(lambda: "the state filesystem is full" in d.log_text(), what="the wait")
+    assert d.proc is not None and d.proc.poll() is None  # waiting, neither exit 2 nor a crash
+    assert "disk I/O error" not in d.log_text()
+    filler.unlink()
+    d.wait_ready(timeout=60)
+    assert d.show(job)["state"] == "succeeded"  # the database, untouched
+    assert d.wait_done(d.submit("true", gpus=0))["state"] == "succeeded"

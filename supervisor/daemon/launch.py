@@ -1,0 +1,44 @@
+"""What the daemon still does to processes itself: kill what an attempt started before
+keepers left behind. (A start is a `supervisor.keeper.spawn.Spec`, sent to a keeper.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import psutil
+
+
+class SpawnError(Exception):
+    """The command could not be started; the message says why, for the user."""
+
+
+def kill_leftover(pid: int, start_time: float | None) -> bool:
+    """Kill the process group of an attempt from an earlier incarnation, if the same process
+    (same pid *and* start time) is still alive. True if something was killed."""
+    try:
+        proc = psutil.Process(pid)
+        if start_time is not None and abs(proc.create_time() - start_time) > 1.0:
+            return False
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    deadline = time.monotonic() + 5.0
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return True
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """A zombie is dead for our purposes: its reaper may not be us (or may never come)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,58 @@
+"""What the composition root builds: every service of the daemon, and its phase."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from supervisor.daemon.access import Access
+from supervisor.daemon.api import Api
+from supervisor.daemon.attempts import Runner
+from supervisor.daemon.broker import Broker
+from supervisor.daemon.config import Config
+from supervisor.daemon.deadman import Deadman
+from supervisor.daemon.engine import Engine
+from supervisor.daemon.gpu_monitor import GpuMonitor
+from supervisor.daemon.hangs import HangWatcher
+from supervisor.daemon.hooks import Hooks
+from supervisor.daemon.keepers import Keepers
+from supervisor.daemon.membook import MemoryBook
+from supervisor.daemon.scheduler import Dispatcher
+from supervisor.daemon.server import Server
+from supervisor.daemon.store import Store
+from supervisor.daemon.systemd import HealthBoard, Notifier
+from supervisor.daemon.telemetry import Telemetry
+
+
+class Phase(Enum):
+    """Where the daemon is in its life; shutdown runs start-up backwards."""
+
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Parts:
+    cfg: Config
+    store: Store
+    broker: Broker
+    engine: Engine
+    book: MemoryBook
+    monitor: GpuMonitor
+    dispatcher: Dispatcher
+    hangs: HangWatcher
+    runner: Runner
+    keepers: Keepers
+    hooks: Hooks
+    deadman: Deadman
+    notifier: Notifier
+    board: HealthBoard
+    telemetry: Telemetry
+    server: Server
+    access: Access
+    api: Api
+    phase: Phase = Phase.STARTING
+    load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again

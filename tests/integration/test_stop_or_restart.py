@@ -1,0 +1,63 @@
+"""`systemctl restart` (and SIGQUIT) replace the daemon and keep the jobs; `systemctl
+stop` drains them. systemd is not PID 1 here, so a stand-in `systemctl` answers
+`list-jobs` as systemd would during each; the daemon, keepers and jobs are real."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from .conftest import Daemon
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+]
+
+
+def _under_systemd(root: Path, job: str) -> dict[str, str]:
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True)
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\necho ' 12 gpusvd.service {job} running'\n")
+    systemctl.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "INVOCATION_ID": "0" * 32}
+
+
+@pytest.mark.parametrize(
+    ("job", "sig"), [("restart", signal.SIGTERM), (None, signal.SIGQUIT)], ids=["restart", "quit"]
+)
+def test_a_restart_keeps_running_jobs_and_the_next_daemon_takes_them_back(
+    make_daemon: Callable[..., Daemon], tmp_path: Path, job: str | None, sig: int
+) -> None:
+    env = _under_systemd(tmp_path, job) if job else {}
+    d = make_daemon(env=env)
+    fifo = d.root / "fifo"
+    os.mkfifo(fifo)
+    job_id = d.submit("sh", "-c", f"read c < {fifo}; exit $c")
+    pid = d.wait_pid(job_id)
+    assert d.stop(sig) == 0
+    assert "leaving: running jobs stay with their keepers" in d.log_text()
+    os.kill(pid, 0)  # still running
+    d.start()
+    shown = d.wait_state(job_id, "running")
+    assert [(a["n"], a["pid"]) for a in shown["attempts"]] == [(1, pid)]
+    fifo.write_text("0\n")
+    done = d.wait_done(job_id)
+    assert done["state"] == "succeeded" and len(done["attempts"]) == 1
+
+
+def test_a_stop_drains_running_jobs(make_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = make_daemon(env=_under_systemd(tmp_path, "stop"))
+    job_id = d.submit("sleep", "1000")
+    d.wait_pid(job_id)
+    assert d.stop(signal.SIGTERM) == 0
+    assert "drained" in d.log_text()
+    d.start()
+    shown = d.show(job_id)
+    assert shown["attempts"][0]["reason"] == "interrupted"
+    assert shown["retries"]["ordinary"]["used"] == 0

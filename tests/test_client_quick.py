@@ -1,0 +1,213 @@
+"""The lean path of `gpusv list` and `gpusv show` (supervisor/client/quick.py): it reads a
+command line as the parser does or leaves it to the parser, finds the sockets that
+locations.client_sockets finds, and imports none of the parser's, pathlib's or typing's
+modules."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.client import quick
+from supervisor.client.parser import parser
+from supervisor.wire.locations import client_sockets
+
+WORDS = [
+    "list",
+    "show",
+    "submit",
+    "--socket",
+    "--socket=/s.sock",
+    "--socket=",
+    "--sock",
+    "/s.sock",
+    "rel.sock",
+    "--config",
+    "--state",
+    "--state=running",
+    "--state=",
+    "running,queued",
+    "--user",
+    "--user=root",
+    "root",
+    "--mine",
+    "--all",
+    "--all=1",
+    "--limit",
+    "--limit=5",
+    "--lim",
+    "--array",
+    "--array=x",
+    "--json",
+    "--js",
+    "--json=yes",
+    "7",
+    "-1",
+    " 12",
+    "1_0",
+    "x",
+    "",
+    "-",
+    "--",
+    "-h",
+    "--help",
+    "--version",
+]
+
+
+def parsed_by_argparse(args: list[str]) -> dict[str, object] | None:
+    """The parser's namespace, or None where it stops with a usage error or help."""
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return vars(parser().parse_args(args))
+        except SystemExit:
+            return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from([[], ["list"], ["show"], ["--socket", "/s.sock", "list"]]),
+    st.lists(st.sampled_from(WORDS), max_size=6),
+)
+def test_the_lean_path_reads_a_command_line_as_the_parser_does_or_not_at_all(
+    head: list[str], tail: list[str]
+) -> None:
+    args = head + tail
+    lean = quick.parse(args)
+    if lean is not None:
+        assert vars(lean) == parsed_by_argparse(args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["--socket", "/s.sock", "list", "--state", "running", "--limit", "5", "--mine"],
+        ["--socket=/s.sock", "list", "--state=queued", "--user", "root", "--all", "--array=3"],
+        ["show", "7"],
+        ["--socket", "/s.sock", "show", "--json", "7"],
+    ],
+)
+def test_the_everyday_spellings_take_the_lean_path(args: list[str]) -> None:
+    lean = quick.parse(args)
+    assert lean is not None and vars(lean) == parsed_by_argparse(args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["list", "-h"],
+        ["list", "--js"],
+        ["list", "--limit", "-1"],
+        ["list", "--limit", "x"],
+        ["--config", "/etc/gpusvd.toml", "list"],
+        ["show"],
+        ["show", "1", "2"],
+        ["show", "x"],
+        ["list", "--", "x"],
+        ["submit", "--", "true"],
+    ],
+)
+def test_what_the_lean_path_does_not_read_goes_to_the_parser(args: list[str]) -> None:
+    assert quick.parse(args) is None
+
+
+def test_the_lean_path_finds_the_sockets_locations_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    cases: list[tuple[str | None, dict[str, str], int]] = [
+        (None, {}, 1000),
+        (None, {"XDG_RUNTIME_DIR": str(run)}, 1000),
+        (None, {"XDG_RUNTIME_DIR": "relative"}, 1000),
+        (None, {"GPUSV_SOCKET": "/x.sock"}, 0),
+        (None, {"GPUSV_SOCKET": "rel/x.sock"}, 1000),
+        ("~/y.sock", {"GPUSV_SOCKET": "/x.sock"}, 0),
+        ("", {"GPUSV_SOCKET": "/x.sock"}, 0),
+        ("/y.sock", {}, 0),
+    ]
+
+    def same(flag: str | None, env: dict[str, str], uid: int) -> None:
+        expected = client_sockets(flag, env, uid)
+        assert [Path(p) for p in quick.sockets(flag, env, uid)] == expected
+
+    for flag, env, uid in cases:
+        same(flag, env, uid)
+    (run / "gpusvd.sock").symlink_to(tmp_path / "nowhere")  # a dangling link counts
+    same(None, {"XDG_RUNTIME_DIR": str(run)}, 1000)
+    (run / "gpusvd.sock").unlink()
+    (run / "gpusvd.sock").touch()
+    same(None, {"XDG_RUNTIME_DIR": str(run)}, 1000)
+
+
+HEAVY = {
+    "argparse",
+    "typing",
+    "pathlib",
+    "fractions",
+    "importlib.metadata",
+    "supervisor.client.parser",
+    "supervisor.client.submitting",
+}
+PROBE = """
+import os, sys
+before = set(sys.modules)
+end = os._exit  # the CLI ends with it: say first what was imported
+os._exit = lambda code: (os.write(2, " ".join(set(sys.modules) - before).encode()), end(code))
+from supervisor.client.cli import main
+main()
+"""
+
+
+def test_list_and_show_import_neither_the_parser_nor_typing_nor_pathlib(tmp_path: Path) -> None:
+    """A stand-in daemon answers; the modules each command imported are listed at exit."""
+    path = tmp_path / "s.sock"
+    job = {"id": 3, "state": "running", "owner_uid": 0, "gpus": [], "gpus_requested": 0}
+    job["submitted_at"] = "2026-01-01T00:00:00.000Z"
+    budgets = {"ordinary": {"used": 0, "budget": 3}, "gpu_hang": {"used": 0, "budget": 20}}
+    full = {**job, "argv": ["true"], "retries": budgets}
+    answers = [{"ok": True, "jobs": [job]}, {"ok": True, "job": full}]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        thread = threading.Thread(target=_answer, args=(server, answers), daemon=True)
+        thread.start()
+        for args in (["list"], ["show", "3"]):
+            done = subprocess.run(
+                [sys.executable, "-c", PROBE, "--socket", str(path), *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                env={k: v for k, v in os.environ.items() if k != "GPUSV_SOCKET"},
+            )
+            assert done.returncode == 0, done.stderr
+            assert "3" in done.stdout and "running" in done.stdout
+            imported = set(done.stderr.split())
+            assert "supervisor.client.quick" in imported and not imported & HEAVY
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def _answer(server: socket.socket, answers: list[dict[str, object]]) -> None:
+    for answer in answers:
+        conn, _addr = server.accept()
+        with conn:
+            data = b""
+            while not data.endswith(b"\n"):
+                data += conn.recv(1 << 16)
+            conn.sendall(json.dumps(answer).encode() + b"\n")
