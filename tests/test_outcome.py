@@ -157,3 +157,129 @@ def test_a_late_line_moves_the_queued_retry_to_the_hang_budget() -> None:
 )
 def test_a_late_line_changes_nothing_it_cannot_explain(current: Job, attempt: Attempt) -> None:
     assert reclassified(current, attempt, HANG) is None
+
+
+# ---- the whole outcome, field by field -------------------------------------------------
+
+# case -> (facts, (ordinary used, hang used) before, the job after, the attempt after, events)
+# The job after: (state, reason, ended_at, exit_code, not_before, ordinary, hang used).
+# The attempt after: (exit_code, signal, reason, peak_rss_mb, peak_vram_mb, evidence).
+# Events: (kind, message, data).
+WHOLE: dict[str, tuple[Facts, tuple[int, int], tuple[Any, ...], tuple[Any, ...], list[Any]]] = {
+    "success, its peaks kept": (
+        Facts(ExitStatus(0, None), peak_rss_mb=512, peak_vram_mb=0),
+        (1, 2),
+        (S, None, AT, 0, 0.0, 1, 2),
+        (0, None, None, 512, None, None),
+        [("exited", "exited 0", {"exit_code": 0})],
+    ),
+    "exit 1, retried": (
+        Facts(ExitStatus(1, None), peak_rss_mb=100, peak_vram_mb=2000),
+        (0, 0),
+        (Q, R.EXIT_NONZERO, None, None, NOW + 1, 1, 0),
+        (1, None, "exit_nonzero", 100, 2000, None),
+        [
+            ("exited", "exit_nonzero: exit code 1", {"reason": "exit_nonzero"}),
+            (
+                "retry_scheduled",
+                "retry in 1s (ordinary budget)",
+                {"budget": "ordinary", "delay_s": 1.0},
+            ),
+        ],
+    ),
+    "OOM-killed with the budget spent": (
+        Facts(KILLED, oom="kernel_log"),
+        (3, 0),
+        (F, R.OOM_KILLED, AT, 137, 0.0, 3, 0),
+        (None, 9, "oom_killed", None, None, {"source": "kernel_log"}),
+        [("exited", "oom_killed: killed by signal 9", {"reason": "oom_killed"})],
+    ),
+    "exit 1 near a reset line": (
+        Facts(ExitStatus(1, None), hang=HANG),
+        (2, 5),
+        (Q, R.GPU_HANG, None, None, NOW + 1, 2, 6),
+        (1, None, "gpu_hang", None, None, HANG),
+        [
+            ("gpu_hang", "attempt failed as gpu_hang", None),
+            ("exited", "gpu_hang: exit code 1", {"reason": "gpu_hang"}),
+            (
+                "retry_scheduled",
+                "retry in 1s (gpu_hang budget)",
+                {"budget": "gpu_hang", "delay_s": 1.0},
+            ),
+        ],
+    ),
+    "cancelled while running": (
+        Facts(TERMED, killed_for=R.CANCELLED),
+        (0, 0),
+        (C, R.CANCELLED, AT, 143, 0.0, 0, 0),
+        (None, 15, "cancelled", None, None, None),
+        [
+            ("exited", "cancelled: killed by signal 15", {"reason": "cancelled"}),
+            ("cancelled", "cancelled while running", None),
+        ],
+    ),
+    "drained while running": (
+        Facts(TERMED, killed_for=R.INTERRUPTED),
+        (1, 0),
+        (Q, R.INTERRUPTED, None, None, 0.0, 1, 0),
+        (None, 15, "interrupted", None, None, None),
+        [
+            ("exited", "interrupted: killed by signal 15", {"reason": "interrupted"}),
+            ("interrupted", "interrupted by a daemon stop; requeued", None),
+        ],
+    ),
+    "stopped before it started, no reason given": (
+        Facts(None),
+        (0, 0),
+        (Q, R.INTERRUPTED, None, None, 0.0, 0, 0),
+        (None, None, "interrupted", None, None, None),
+        [
+            ("exited", "interrupted: interrupted", {"reason": "interrupted"}),
+            ("interrupted", "interrupted by a daemon stop; requeued", None),
+        ],
+    ),
+    "past its time limit before it started": (
+        Facts(None, killed_for=R.TIMEOUT, kill_evidence={"limit_s": 2.5}),
+        (0, 0),
+        (F, R.TIMEOUT, AT, None, 0.0, 0, 0),
+        (None, None, "timeout", None, None, {"limit_s": 2.5}),
+        [("exited", "timeout: past its wall-time limit of 2.5s", {"reason": "timeout"})],
+    ),
+    "past its time limit while running": (
+        Facts(TERMED, killed_for=R.TIMEOUT, kill_evidence={"limit_s": 30.0}),
+        (0, 0),
+        (F, R.TIMEOUT, AT, 143, 0.0, 0, 0),
+        (None, 15, "timeout", None, None, {"limit_s": 30.0}),
+        [("exited", "timeout: past its wall-time limit of 30s", {"reason": "timeout"})],
+    ),
+    "a limit in the evidence of another reason is not its message": (
+        Facts(TERMED, killed_for=R.OOM_KILLED, kill_evidence={"limit_s": 30.0}),
+        (3, 0),
+        (F, R.OOM_KILLED, AT, 143, 0.0, 3, 0),
+        (None, 15, "oom_killed", None, None, {"limit_s": 30.0}),
+        [("exited", "oom_killed: killed by signal 15", {"reason": "oom_killed"})],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WHOLE)
+def test_the_whole_outcome(case: str) -> None:
+    facts, used, want_job, want_attempt, want_events = WHOLE[case]
+    out = end_of_attempt(job(*used), ATTEMPT, facts, AT, NOW)
+    j, a = out.job, out.attempt
+    got_job = (j.state, j.reason, j.ended_at, j.exit_code, j.not_before)
+    assert (*got_job, j.ordinary_used, j.gpu_hang_used) == want_job
+    got = (a.exit_code, a.signal, a.reason, a.peak_rss_mb, a.peak_vram_mb, a.evidence)
+    assert got == want_attempt
+    assert (a.ended_at, a.n, a.gpus, a.started_at) == (AT, 1, (0,), AT)
+    assert [(e.kind, e.message, e.data) for e in out.events] == want_events
+
+
+def test_a_late_line_gives_back_one_ordinary_retry_and_says_so() -> None:
+    out = reclassified(queued_retry(ordinary_used=2), ENDED, HANG)
+    assert out is not None
+    assert (out.job.ordinary_used, out.job.gpu_hang_used) == (1, 1)
+    assert [(e.kind, e.message, e.data) for e in out.events] == [
+        ("gpu_hang", "attempt 1 reclassified as gpu_hang: a reset line for its GPU followed", None)
+    ]
