@@ -56,6 +56,25 @@ def test_squeeze_takes_at_least_one_even_if_it_frees_little() -> None:
     assert ranking.squeeze_victims(100, 3000, []) == []
 
 
+# (MemAvailable, the line, running (job, dispatch seq, RSS MB)) -> the jobs stopped, in order.
+SQUEEZES = [
+    ((3000, 3000, [(1, 1, 100)]), []),  # exactly at the line: not under it
+    ((2999, 3000, [(1, 1, 100)]), [1]),
+    ((2000, 3000, [(1, 1, 5000), (2, 2, 1000)]), [2]),  # freeing exactly enough is enough
+    ((2000, 3000, [(1, 1, 5000), (2, 2, 999)]), [2, 1]),
+    ((2000, 3000, [(1, 2, 100), (2, 1, 100), (3, 3, 100)]), [3, 1, 2]),  # by dispatch, not id
+    ((2000, 3000, [(4, 5, 100), (7, 5, 100), (1, 1, 100)]), [7, 4, 1]),  # a tie: the higher id
+    ((2000, 3000, [(1, 1, 100), (2, 2, 2000), (3, 3, 0)]), [3, 2]),  # by dispatch, not size
+]
+
+
+@pytest.mark.parametrize(("args", "victims"), SQUEEZES)
+def test_squeeze_victims_by_table(
+    args: tuple[int, int, list[tuple[int, int, int]]], victims: list[int]
+) -> None:
+    assert ranking.squeeze_victims(*args) == victims
+
+
 # --- /proc writes on real processes ---------------------------------------------------
 
 
