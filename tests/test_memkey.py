@@ -102,3 +102,23 @@ def test_mem_key_by_table(argv: list[str], key: str) -> None:
 def test_mem_key_without_a_command_says_so() -> None:
     with pytest.raises(ValueError, match=r"^mem_key needs a command$"):
         mem_key([])
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["render", "-o", "out.png", "scene.blend"], ["render", "scene.blend"]),
+        (["python", "-m"], ["python"]),  # a program option with nothing after it
+        (["sh", "a.sh", "b.sh", "-c", "x", "c.sh"], ["sh", "a.sh", "b.sh", "-c", "x", "c.sh"]),
+        (["prog", "cfg=a.yaml"], ["prog"]),  # not an option: one word, with an `=`
+        (["prog", "--set=x=y.yaml"], ["prog"]),  # the value is everything after the first `=`
+        (["render", "out_##.png"], ["render"]),  # a frame pattern is an output
+    ],
+)
+def test_program_words_at_the_edges(argv: list[str], words: list[str]) -> None:
+    assert program_words(argv) == words
+
+
+def test_a_long_head_is_cut_at_37_characters_and_marked() -> None:
+    key = mem_key(["python3", "train.py", "--config", "configs/" + "x" * 200 + ".yaml"])
+    assert key.rpartition("#")[0] == "python3 train.py configs/" + "x" * 12 + "..."
