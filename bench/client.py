@@ -1,14 +1,19 @@
-"""The client's cost: `gpusv submit` and `gpusv list` wall time beside the bare interpreter."""
+"""The client's cost: `gpusv submit` and `gpusv list` wall time beside the bare interpreter,
+from the venv the bench runs in (an editable install, as a checkout has it) and from a
+venv where gpusv is laid out as installing its wheel would."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import supervisor
 
 from .harness import BIN, PY, BenchDaemon, summary, time_command
 
@@ -60,20 +65,48 @@ def _answer(server: socket.socket, count: int, arrivals: list[float]) -> None:
             conn.sendall(b'{"ok":true,"ids":[1]}\n')
 
 
+def installed_venv(root: Path) -> Path:
+    """A fresh venv with gpusv laid out as installing its wheel would: the package in
+    site-packages and pip's console-script wrapper (the one pip wrote for this venv's
+    gpusv, its shebang pointed at the new venv). Copied, not built: building a wheel here
+    would need the network. No editable import hook runs at its start. Without pip:
+    ensurepip takes seconds, and setuptools' .pth in a venv that has it adds ~0.5 ms."""
+    venv = root / "installed"
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    package = Path(supervisor.__file__).parent
+    shutil.copytree(package, site / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
+    wrapper = (BIN / "gpusv").read_text().splitlines(keepends=True)[1:]
+    script = venv / "bin" / "gpusv"
+    script.write_text(f"#!{venv / 'bin' / 'python3'}\n" + "".join(wrapper))
+    script.chmod(0o755)
+    return venv
+
+
 def measure_client(d: BenchDaemon, runs: int) -> dict[str, Any]:
-    """p50/p95 wall (ms) of each command over `runs` runs against an idle daemon."""
+    """p50/p95 wall (ms) of each command over `runs` runs against an idle daemon. The
+    installed `gpusv list` runs right after the editable one: both list the same jobs."""
     env, cwd = d.env, d.root
-    out: dict[str, Any] = {
-        "bare_interpreter": summary(time_command([PY, "-I", "-S", "-c", "pass"], env, runs, cwd)),
-        "interpreter_with_site": summary(time_command([PY, "-c", "pass"], env, runs, cwd)),
-    }
-    for label, prefix in (
-        ("gpusv", [str(BIN / "gpusv")]),
-        ("module", [PY, "-m", "supervisor.client.cli"]),
+    installed = str(installed_venv(d.root) / "bin" / "gpusv")
+    out: dict[str, Any] = {}
+    for key, argv in (
+        ("bare_interpreter", [PY, "-I", "-S", "-c", "pass"]),
+        ("interpreter_with_site", [PY, "-c", "pass"]),
+        (
+            "installed_interpreter_with_site",
+            [str(Path(installed).parent / "python3"), "-c", "pass"],
+        ),
+        ("gpusv_submit", [str(BIN / "gpusv"), "submit", "--gpus", "0", "--", "true"]),
+        ("gpusv_list", [str(BIN / "gpusv"), "list"]),
+        ("installed_list", [installed, "list"]),
+        (
+            "module_submit",
+            [PY, "-m", "supervisor.client.cli", "submit", "--gpus", "0", "--", "true"],
+        ),
+        ("module_list", [PY, "-m", "supervisor.client.cli", "list"]),
+        ("installed_submit", [installed, "submit", "--gpus", "0", "--", "true"]),
     ):
-        submit = [*prefix, "submit", "--gpus", "0", "--", "true"]
-        out[f"{label}_submit"] = summary(time_command(submit, env, runs, cwd))
-        out[f"{label}_list"] = summary(time_command([*prefix, "list"], env, runs, cwd))
+        out[key] = summary(time_command(argv, env, runs, cwd))
     out["gpusv_submit_to_request"] = summary(_to_request(d, runs))
     out["cli_import_ms"] = _import_ms(d)
     return out

@@ -140,6 +140,9 @@ def rows(r: Results) -> list[tuple[str, str]]:
         ("gpusv_list", "gpusv list"),
         ("module_submit", "python -m supervisor.client.cli submit"),
         ("module_list", "python -m supervisor.client.cli list"),
+        ("installed_interpreter_with_site", "installed: python -c pass (with site)"),
+        ("installed_list", "installed: gpusv list"),
+        ("installed_submit", "installed: gpusv submit"),
     ):
         if key in c:
             out.append((label, _ms(c[key])))

@@ -165,11 +165,12 @@ HEAVY = {
     "supervisor.client.submitting",
 }
 PROBE = """
-import atexit, sys
+import os, sys
 before = set(sys.modules)
-atexit.register(lambda: sys.stderr.write(" ".join(sorted(set(sys.modules) - before))))
+end = os._exit  # the CLI ends with it: say first what was imported
+os._exit = lambda code: (os.write(2, " ".join(set(sys.modules) - before).encode()), end(code))
 from supervisor.client.cli import main
-main(sys.argv[1:])
+main()
 """
 
 

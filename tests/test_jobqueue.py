@@ -1,40 +1,45 @@
-"""The queue index: a pass that leaves settled jobs out must decide what a pass over the
-whole queue decides. Checked against admission.plan over every queued job, through
-random submits, passes and ends, with and without starvation barriers."""
+"""The queue index. A dispatch pass leaves settled jobs out, yet must decide what a pass
+over the whole queue decides: each case runs the daemon's own pass (the scheduler, the
+engine, a real SQLite store) through submits, passes and ends, and gives after every
+pass the jobs that run, on which cards, and what each queued job shows as waiting for,
+written out as admission's rules decide it for the whole queue."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
 
 from supervisor.core import admission
-from supervisor.core.commands import Dispatch, Now
-from supervisor.core.engine import step
+from supervisor.core.commands import Ended, Submit
 from supervisor.core.jobqueue import JobQueue, used_before
-from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.core.records import Attempt
-from supervisor.core.table import Changes, Live, Phase
+from supervisor.core.jobs import ExitStatus, Job, JobSpec, JobState
+from supervisor.core.outcome import Facts
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.clock import monotonic
 from supervisor.daemon.config import load
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.scheduler import Dispatcher
+from supervisor.daemon.store import Store
 
+# Host RAM is read from the machine in the daemon; here it is fixed, so that what fits is
+# the same on any machine: 89 000 MB free for new jobs while nothing is booked.
 HOST = admission.HostMemory(limit_mb=100_000, available_mb=90_000, reserve_mb=1_000)
+# Card i has 16 000 + 8 000 * i MB of VRAM: a job asking 20 000 MB fits cards 1 and 2 only.
+CARD_MB = (16_000, 24_000, 32_000)
 
 
-def job(
-    job_id: int,
+def spec(
     gpus: int = 1,
     priority: int = 0,
     vram_mb: int | None = None,
     mem_mb: int | None = None,
-) -> Job:
-    spec = JobSpec(
+    **more: Any,
+) -> JobSpec:
+    return JobSpec(
         argv=("true",),
         cwd="/",
         env={},
@@ -45,192 +50,266 @@ def job(
         mem_mb=mem_mb,
         priority=priority,
         mem_key="k",
-    )
-    return Job(id=job_id, spec=spec)
-
-
-def scheduler(cards: int, cpu_slots: int, wait_s: float) -> Dispatcher:
-    cfg = load(None, flags={"state_dir": "/nonexistent", "socket": "/nonexistent.sock"}, env={})
-    cfg = dataclasses.replace(
-        cfg,
-        cpu_slots=cpu_slots,
-        host_memory=dataclasses.replace(cfg.host_memory, max_backfill_wait_s=wait_s),
-    )
-    broker = Broker()
-    engine = Engine(None, broker)  # type: ignore[arg-type]  # passes here step the table only
-    book = MemoryBook(None, broker, 0.0)  # type: ignore[arg-type]
-    all_cards = [admission.Card(i, 16_000 + 8_000 * i, 0, True, ()) for i in range(cards)]
-    sched = Dispatcher(cfg, engine, book, broker, cards=lambda: all_cards, rss_mb=lambda _: 0)
-    sched.host = lambda: HOST  # type: ignore[method-assign]
-    return sched
-
-
-def enqueue(sched: Dispatcher, j: Job) -> None:
-    sched.table.apply(Changes(jobs={j.id: j}))
-
-
-def full_plan(sched: Dispatcher, cards: list[admission.Card], free_cpu: int) -> admission.Plan:
-    """The reference: admission.plan over every queued job, settled or not."""
-    queued = sorted(
-        (-j.spec.priority, j.id) for j in sched.table.jobs.values() if j.state is JobState.QUEUED
-    )
-    return admission.plan(
-        sched._candidates(1e18, queued),
-        cards=cards,
-        cpu_slots_free=free_cpu,
-        host=HOST,
-        running=sched.running_use(),
-        now=monotonic(),
-        max_backfill_wait_s=sched.cfg.host_memory.max_backfill_wait_s,
+        **more,
     )
 
 
-def one_pass(sched: Dispatcher) -> None:
-    """dispatch_pass without the store and without launching: check, then step."""
-    cards = sched.cards_now()
-    free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
-    free["cpu"] = sched.cpu_slots_free()
-    reference = full_plan(sched, cards, free["cpu"])
-    plan = sched._plan(cards, free, monotonic(), 1e18)
-    assert plan.starts == reference.starts
-    decided = {h.job_id: h for h in plan.holds}
-    for hold in reference.holds:
-        if hold.job_id in decided:
-            assert decided[hold.job_id] == hold
-        else:  # left out: it must be held already, exactly so
-            current = sched.table.jobs[hold.job_id]
-            assert sched.table.queue.settled_kind.get(hold.job_id) is not None
-            assert (current.hold_reason, current.waiting_for) == (hold.reason, hold.message)
-    full = frozenset(kind for kind, n in free.items() if n <= 0)
-    out = step(sched.table, Dispatch(plan.starts, plan.holds, full=full), Now(1e9, monotonic()))
-    sched.table.apply(out.changes)
+def job(job_id: int, gpus: int = 1, priority: int = 0) -> Job:
+    return Job(id=job_id, spec=spec(gpus, priority))
 
 
-def end_one(sched: Dispatcher, pick: int) -> None:
-    running = sched.table.live
-    if running:
-        job_id = sorted(running)[pick % len(running)]
-        del running[job_id]
-        del sched.table.jobs[job_id]
+class Machine:
+    """The scheduler of a daemon with `cards` simulated cards and `cpu_slots` slots; jobs
+    are started only as far as the engine's claim (no process runs)."""
+
+    def __init__(self, store: Store, cards: int, cpu_slots: int, wait_s: float) -> None:
+        cfg = load(None, flags={"state_dir": "/nonexistent", "socket": "/nonexistent.sock"}, env={})
+        cfg = dataclasses.replace(
+            cfg,
+            cpu_slots=cpu_slots,
+            host_memory=dataclasses.replace(cfg.host_memory, max_backfill_wait_s=wait_s),
+        )
+        broker = Broker()
+        self.engine = Engine(store, broker)
+        book = MemoryBook(store, broker, 0.0)
+        all_cards = [admission.Card(i, CARD_MB[i], 0, True, ()) for i in range(cards)]
+        self.sched = Dispatcher(
+            cfg, self.engine, book, broker, cards=lambda: all_cards, rss_mb=lambda _: 0
+        )
+        self.sched.host = lambda: HOST  # type: ignore[method-assign]
+        self.table = self.engine.table
+
+    async def submit(self, *specs: JobSpec) -> None:
+        await self.engine.do(Submit(specs))
+
+    async def dispatch(self) -> None:
+        await self.sched.dispatch_pass()
+
+    async def end(self, job_id: int) -> None:
+        n = self.table.live[job_id].attempt.n
+        await self.engine.do(Ended(job_id, n, Facts(status=ExitStatus(0, None))))
+
+    def running(self) -> dict[int, tuple[int, ...]]:
+        return {job_id: live.cards for job_id, live in self.table.live.items()}
+
+    def waiting(self) -> dict[int, str | None]:
+        return {j.id: j.waiting_for for j in self.table.jobs.values() if j.state is JobState.QUEUED}
 
 
-ops = st.lists(
-    st.one_of(
-        st.tuples(
-            st.just("submit"),
-            st.integers(1, 12),  # a batch of alike jobs: runs of settled ones
-            st.integers(0, 2),  # GPUs
-            st.integers(0, 1),  # priority
-            st.sampled_from([None, 20_000]),  # VRAM: only the bigger cards have it
-            st.sampled_from([None, 30_000, 60_000]),  # host RAM: holds and set-asides
-        ),
-        st.tuples(st.just("pass")),
-        st.tuples(st.just("end"), st.integers(0, 10)),
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = await Store.open(tmp_path / "gpusv.db")
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+ONE_GPU_NONE_FREE = "waiting for 1 free GPU, 0 free"
+TWO_GPUS_NONE_FREE = "waiting for 2 free GPUs, 0 free"
+TWO_GPUS_ONE_FREE = "waiting for 2 free GPUs, 1 free"
+A_CPU_SLOT = "waiting for a free CPU slot"
+VRAM_20G = "waiting for VRAM: needs ~20 GiB on one card, ~16 GiB free at most"
+ARRAY_1_CAP_2 = "waiting for array 1: at most 2 of its jobs run at once"
+
+# (cards, cpu_slots, max_backfill_wait_s, script). A script step is ("submit", specs),
+# ("end", job id), or ("pass", jobs running {id: cards}, queued jobs {id: waiting_for}).
+CASES: dict[str, tuple[int, int, float, list[tuple[Any, ...]]]] = {
+    "a run of alike jobs takes one card in turn": (
+        1,
+        1,
+        1e9,
+        [
+            ("submit", [spec()] * 5),
+            ("pass", {1: (0,)}, dict.fromkeys((2, 3, 4, 5), ONE_GPU_NONE_FREE)),
+            ("end", 1),
+            ("pass", {2: (0,)}, dict.fromkeys((3, 4, 5), ONE_GPU_NONE_FREE)),
+            ("submit", [spec(gpus=0)]),  # a CPU job passes the settled GPU jobs
+            ("pass", {2: (0,), 6: ()}, dict.fromkeys((3, 4, 5), ONE_GPU_NONE_FREE)),
+            ("end", 2),
+            ("end", 6),
+            ("pass", {3: (0,)}, dict.fromkeys((4, 5), ONE_GPU_NONE_FREE)),
+        ],
     ),
-    max_size=30,
-)
+    "a higher priority goes before the settled jobs": (
+        1,
+        1,
+        1e9,
+        [
+            ("submit", [spec()] * 3),
+            ("pass", {1: (0,)}, {2: ONE_GPU_NONE_FREE, 3: ONE_GPU_NONE_FREE}),
+            ("submit", [spec(priority=1)]),
+            ("pass", {1: (0,)}, dict.fromkeys((2, 3, 4), ONE_GPU_NONE_FREE)),
+            ("end", 1),
+            ("pass", {4: (0,)}, {2: ONE_GPU_NONE_FREE, 3: ONE_GPU_NONE_FREE}),
+        ],
+    ),
+    "without a CPU slot the scan ends at the last card: the rest get no words": (
+        1,
+        0,
+        1e9,
+        [
+            ("submit", [spec()] * 3),
+            ("pass", {1: (0,)}, {2: None, 3: None}),
+            ("end", 1),
+            ("pass", {2: (0,)}, {3: None}),
+        ],
+    ),
+    "a freed card goes past the two-card jobs to the one-card job behind them": (
+        2,
+        1,
+        1e9,
+        [
+            ("submit", [spec(), spec()]),
+            ("pass", {1: (0,), 2: (1,)}, {}),
+            ("submit", [spec(gpus=2)] * 12 + [spec()]),
+            (
+                "pass",
+                {1: (0,), 2: (1,)},
+                {**dict.fromkeys(range(3, 15), TWO_GPUS_NONE_FREE), 15: ONE_GPU_NONE_FREE},
+            ),
+            ("end", 1),
+            ("pass", {2: (1,), 15: (0,)}, dict.fromkeys(range(3, 15), TWO_GPUS_ONE_FREE)),
+            # Told "1 free" in a pass that began with one free: read again, now "0 free".
+            ("pass", {2: (1,), 15: (0,)}, dict.fromkeys(range(3, 15), TWO_GPUS_NONE_FREE)),
+            ("end", 2),
+            ("end", 15),
+            ("pass", {3: (0, 1)}, dict.fromkeys(range(4, 15), TWO_GPUS_NONE_FREE)),
+        ],
+    ),
+    "VRAM only the bigger cards have": (
+        3,
+        1,
+        1e9,
+        [
+            ("submit", [spec(vram_mb=20_000)] * 4 + [spec(), spec()]),
+            (
+                "pass",
+                {1: (1,), 2: (2,), 5: (0,)},
+                {3: VRAM_20G, 4: VRAM_20G, 6: ONE_GPU_NONE_FREE},
+            ),
+            ("end", 5),
+            ("pass", {1: (1,), 2: (2,), 6: (0,)}, {3: VRAM_20G, 4: VRAM_20G}),
+            ("end", 1),
+            ("pass", {2: (2,), 3: (1,), 6: (0,)}, {4: ONE_GPU_NONE_FREE}),
+        ],
+    ),
+    "CPU jobs settle for the slots while a GPU job takes the card": (
+        1,
+        2,
+        1e9,
+        [
+            ("submit", [spec(gpus=0)] * 4),
+            ("pass", {1: (), 2: ()}, {3: A_CPU_SLOT, 4: A_CPU_SLOT}),
+            ("submit", [spec()]),
+            ("pass", {1: (), 2: (), 5: (0,)}, {3: A_CPU_SLOT, 4: A_CPU_SLOT}),
+            ("end", 1),
+            ("pass", {2: (), 3: (), 5: (0,)}, {4: A_CPU_SLOT}),
+        ],
+    ),
+    "a settled job past the backfill wait sets its RAM aside": (
+        2,
+        1,
+        0.0,
+        [
+            ("submit", [spec(), spec()]),
+            ("pass", {1: (0,), 2: (1,)}, {}),
+            # Job 3 could never run here (two cards with 20 000 MB): no barrier.
+            ("submit", [spec(gpus=2, vram_mb=20_000), spec(mem_mb=50_000)]),
+            ("pass", {1: (0,), 2: (1,)}, {3: TWO_GPUS_NONE_FREE, 4: ONE_GPU_NONE_FREE}),
+            # 89 000 MB free, 50 000 of it set aside for job 4: 39 000 left.
+            ("submit", [spec(gpus=0, mem_mb=45_000)]),
+            (
+                "pass",
+                {1: (0,), 2: (1,)},
+                {
+                    3: TWO_GPUS_NONE_FREE,
+                    4: ONE_GPU_NONE_FREE,
+                    5: "waiting for host RAM: needs ~44 GiB, ~38 GiB free",
+                },
+            ),
+            ("submit", [spec(gpus=0, mem_mb=30_000)]),  # fits beside what is set aside
+            (
+                "pass",
+                {1: (0,), 2: (1,), 6: ()},
+                {
+                    3: TWO_GPUS_NONE_FREE,
+                    4: ONE_GPU_NONE_FREE,
+                    5: "waiting for host RAM: needs ~44 GiB, ~38 GiB free",
+                },
+            ),
+        ],
+    ),
+    "a job past the backfill wait for cards holds the GPU jobs behind it": (
+        2,
+        1,
+        0.0,
+        [
+            ("submit", [spec(), spec()]),
+            ("pass", {1: (0,), 2: (1,)}, {}),
+            ("submit", [spec(gpus=2), spec()]),
+            ("pass", {1: (0,), 2: (1,)}, {3: TWO_GPUS_NONE_FREE, 4: ONE_GPU_NONE_FREE}),
+            ("end", 1),
+            (
+                "pass",
+                {2: (1,)},
+                {3: TWO_GPUS_ONE_FREE, 4: "waiting behind job 3, which waits for free GPUs"},
+            ),
+            ("end", 2),
+            ("pass", {3: (0, 1)}, {4: ONE_GPU_NONE_FREE}),
+        ],
+    ),
+    "an array at its cap waits whatever is free": (
+        3,
+        1,
+        1e9,
+        [
+            ("submit", [spec(array_index=i, max_running=2) for i in range(4)]),
+            ("pass", {1: (0,), 2: (1,)}, {3: ARRAY_1_CAP_2, 4: ARRAY_1_CAP_2}),
+            ("pass", {1: (0,), 2: (1,)}, {3: ARRAY_1_CAP_2, 4: ARRAY_1_CAP_2}),
+            ("end", 1),
+            ("pass", {2: (1,), 3: (0,)}, {4: ARRAY_1_CAP_2}),
+        ],
+    ),
+}
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    cards=st.integers(1, 3),
-    cpu_slots=st.integers(0, 2),
-    starving=st.booleans(),
-    script=ops,
-)
-def test_a_pass_decides_what_a_pass_over_the_whole_queue_decides(
-    cards: int, cpu_slots: int, starving: bool, script: list[tuple[Any, ...]]
-) -> None:
-    sched = scheduler(cards, cpu_slots, 0.0 if starving else 1e9)
-    next_id = 1
-    for op in script:
+@pytest.mark.parametrize("name", CASES)
+async def test_a_pass_decides_for_the_whole_queue(store: Store, name: str) -> None:
+    cards, cpu_slots, wait_s, script = CASES[name]
+    m = Machine(store, cards, cpu_slots, wait_s)
+    for i, op in enumerate(script):
         if op[0] == "submit":
-            _, count, gpus, priority, vram_mb, mem_mb = op
-            for _ in range(count):
-                enqueue(sched, job(next_id, min(gpus, cards), priority, vram_mb, mem_mb))
-                next_id += 1
-        elif op[0] == "pass":
-            one_pass(sched)
+            await m.submit(*op[1])
+        elif op[0] == "end":
+            await m.end(op[1])
         else:
-            end_one(sched, op[1])
-    one_pass(sched)
+            await m.dispatch()
+            assert (m.running(), m.waiting()) == (op[1], op[2]), f"step {i}"
 
 
-def test_settled_jobs_are_left_out_until_a_card_frees() -> None:
-    sched = scheduler(cards=1, cpu_slots=1, wait_s=1e9)
-    for i in range(1, 1001):
-        enqueue(sched, job(i))
-    one_pass(sched)  # job 1 starts; 999 are held for the card
-    assert len(sched.table.queue.settled["gpu"]) == 999 and not sched.table.queue.live
-    enqueue(sched, job(1001, gpus=0))
+async def test_settled_jobs_are_left_out_until_a_card_frees(store: Store) -> None:
+    m = Machine(store, cards=1, cpu_slots=1, wait_s=1e9)
+    await m.submit(*[spec()] * 1000)
+    await m.dispatch()  # job 1 starts; 999 are held for the card
+    assert len(m.table.queue.settled["gpu"]) == 999 and not m.table.queue.live
+    await m.submit(spec(gpus=0))
     reads: list[int] = []
-    real = sched.table.queue.keys
+    real = m.table.queue.keys
 
     def counted(ends: dict[str, int], extra: Any = ()) -> Any:
         keys = list(real(ends, extra))
         reads.extend(job_id for _prio, job_id in keys)
         return iter(keys)
 
-    sched.table.queue.keys = counted  # type: ignore[method-assign]
-    one_pass(sched)
+    m.table.queue.keys = counted  # type: ignore[method-assign,assignment]
+    await m.dispatch()
     assert reads == [1001]  # only the CPU job was read
+    assert m.running() == {1: (0,), 1001: ()}
     reads.clear()
-    end_one(sched, 0)
-    one_pass(sched)  # the card went to job 2, read among the first few
-    assert 2 in sched.table.live and len(reads) < 20
-
-
-def busy(sched: Dispatcher, job_id: int, cards: tuple[int, ...]) -> None:
-    """A job that runs already (on `cards`, or a CPU slot when empty)."""
-    sched.table.jobs[job_id] = dataclasses.replace(job(job_id, len(cards)), state=JobState.RUNNING)
-    sched.table.seq += 1
-    attempt = Attempt(job_id, 1, cards, "", "k")
-    sched.table.live[job_id] = Live(attempt, cards, sched.table.seq, Phase.RUNNING, None, 0, 0.0)
-
-
-def test_a_freed_card_goes_past_jobs_that_cannot_take_it() -> None:
-    """The first settled jobs read when a card frees need two: the plan is made again,
-    reading further, until it finds the one-card job behind them."""
-    sched = scheduler(cards=2, cpu_slots=1, wait_s=1e9)  # a free slot: passes read the queue
-    busy(sched, 100, (0,))
-    busy(sched, 101, (1,))
-    for i in range(1, 13):
-        enqueue(sched, job(i, gpus=2))
-    enqueue(sched, job(13))
-    one_pass(sched)
-    assert len(sched.table.queue.settled["gpu"]) == 13
-    end_one(sched, 0)
-    one_pass(sched)
-    assert 13 in sched.table.live
-
-
-def test_a_settled_job_past_the_backfill_wait_is_still_a_barrier() -> None:
-    """Held past max_backfill_wait_s, a job waiting for cards sets its RAM aside: the CPU
-    job behind it must not take that RAM, though the settled job itself is not read."""
-    sched = scheduler(cards=2, cpu_slots=1, wait_s=0.0)
-    busy(sched, 100, (0,))
-    busy(sched, 101, (1,))
-    enqueue(sched, job(1, gpus=2, vram_mb=20_000))  # cannot ever run here: no barrier
-    enqueue(sched, job(2, mem_mb=50_000))  # the barrier
-    one_pass(sched)
-    assert sched.table.queue.settled["gpu"] == [(0, 1), (0, 2)]
-    enqueue(sched, job(3, gpus=0, mem_mb=45_000))
-    one_pass(sched)
-    assert 3 not in sched.table.live
-    assert sched.table.jobs[3].hold_reason == "host_ram"
-
-
-def test_a_job_told_how_many_cards_were_free_is_settled_only_when_none_was() -> None:
-    """ "2 free GPUs, 1 free" is not what a pass with none free would say."""
-    sched = scheduler(cards=2, cpu_slots=1, wait_s=1e9)
-    busy(sched, 100, (0,))
-    enqueue(sched, job(1, gpus=2))
-    enqueue(sched, job(2))
-    one_pass(sched)  # job 2 takes the free card; job 1 was told "1 free"
-    assert 2 in sched.table.live and 1 not in sched.table.queue.settled_kind
-    one_pass(sched)  # none free now: read again, told "0 free", settled
-    assert sched.table.jobs[1].waiting_for == "waiting for 2 free GPUs, 0 free"
-    assert 1 in sched.table.queue.settled_kind
+    await m.end(1)
+    await m.dispatch()  # the card went to job 2, read among the first few
+    assert m.running() == {2: (0,), 1001: ()} and len(reads) < 20
 
 
 def test_a_job_held_for_another_reason_is_not_settled() -> None:

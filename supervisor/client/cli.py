@@ -145,6 +145,8 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    """The program: given no argv (the console script, `python -m`), it ends the process
+    with os._exit once everything is flushed; given argv, with sys.exit."""
     args_list = sys.argv[1:] if argv is None else argv
     try:
         if args_list[:1] == ["classify-kernel-log"]:  # local, no daemon: no socket set-up
@@ -157,6 +159,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         _quiet_stdout()
         code = 0
+    if argv is None:
+        # The interpreter's teardown frees every module and object one by one: about 3 ms
+        # of a 30 ms `gpusv list` here. Nothing is left for it to do: output is flushed,
+        # the kernel closes the socket, the client starts no thread and sets no atexit.
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -119,10 +119,11 @@ def cmd_list(client: Client, a: Args) -> int:
     if a.json:
         out_json(jobs)
     else:
-        from supervisor.client import arrays
-
         _lines(render.list_lines(jobs))
-        _lines(arrays.summaries(jobs))
+        if any(j.get("array_id") is not None for j in jobs):
+            from supervisor.client import arrays  # a module less to import for most lists
+
+            _lines(arrays.summaries(jobs))
     return 0
 
 

@@ -1,6 +1,6 @@
 """The client side of the socket protocol: one connection, requests one at a time.
 
-Used by the `gpusv` CLI, the bench and the tests. It imports json, socket and the framing
+Used by the `gpusv` CLI, the bench and the tests. It imports json, _socket and the framing
 only (no typing, pathlib or contextlib at run time): every command pays for its imports.
 """
 
@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+
+# The socket module's own class, without socket.py: that module builds four IntEnums of
+# _socket's constants when imported, which cost `gpusv list` about 4 ms on a small VM
+# (more than its own code). socket.socket is a thin subclass of this one; connect,
+# sendall, recv and close are the C methods either way.
+from _socket import AF_UNIX, SOCK_STREAM
+from _socket import socket as Socket
 
 from supervisor.wire import framing
 
@@ -41,15 +47,15 @@ class Client:
     def __init__(self, path: SocketPath | Sequence[SocketPath]) -> None:
         self.paths: list[SocketPath] = [path] if isinstance(path, str | os.PathLike) else list(path)
         self.path = self.paths[0]
-        self.sock: socket.socket | None = None
+        self.sock: Socket | None = None
         self.buf = b""
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> Socket:
         if self.sock is None:
             tried: list[str] = []
             denied = False
             for path in self.paths:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock = Socket(AF_UNIX, SOCK_STREAM)
                 try:
                     sock.connect(os.fspath(path))
                 except (FileNotFoundError, ConnectionRefusedError) as exc:

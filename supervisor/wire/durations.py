@@ -12,7 +12,8 @@ import re
 from supervisor.wire.sizes import ConfigError, _fail
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)", re.IGNORECASE)
+# Compiled at the first parse (re caches it), not at import: `gpusv list` only prints ages.
+_DURATION = r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)"
 MAX_DURATION_S = 10 * 365 * 86400
 
 
@@ -21,7 +22,9 @@ def parse_duration(text: str | float, key: str = "duration") -> float:
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
     else:
-        match = _DURATION_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+        match = (
+            re.fullmatch(_DURATION, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
+        )
         if match is None:
             raise _fail(key, "must be a duration like 90, 90s, 15m, 2h or 1d", text)
         seconds = float(match.group(1)) * _UNITS[match.group(2).lower()]

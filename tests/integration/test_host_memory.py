@@ -61,6 +61,17 @@ def queue_waits(job: dict[str, object]) -> list[dict[str, object]]:
     return [e for e in events if e["kind"] == "queue_wait" and e["reason"] == "host_ram"]
 
 
+def passes_behind(d: Daemon, held: int, passes: int = 3) -> None:
+    """Witness `passes` dispatch passes that judged the held job again: jobs with no
+    memory figure, queued after it, started one at a time on the idle card. A pass reads
+    the queue in order and never leaves out a job held for host RAM, so the pass that
+    started each of them judged the held job first."""
+    for _ in range(passes):
+        small = d.submit("sh", "-c", "echo small")
+        assert d.wait_done(small)["state"] == "succeeded"
+    assert d.show(held)["state"] == "queued"
+
+
 def test_two_heavy_jobs_one_runs_one_is_held_and_a_small_one_backfills(
     make_daemon: Callable[..., Daemon],
 ) -> None:
@@ -85,9 +96,8 @@ def test_two_heavy_jobs_one_runs_one_is_held_and_a_small_one_backfills(
     # A card is idle, and a never-run job (no figure) backfills onto it.
     gpus = json.loads(d.cli("gpus", "--json").stdout)
     assert sorted(len(g["running_jobs"]) for g in gpus) == [0, 1]
-    small = d.submit("sh", "-c", "echo small")
-    assert d.wait_done(small)["state"] == "succeeded"
-    time.sleep(0.5)  # several passes with the hold in place
+    passes_behind(d, second)
+    assert d.show(second)["waiting_for"] == held["waiting_for"]
     assert len(queue_waits(d.show(second))) == 1
     release.touch()
     for job in (first, second):
@@ -199,7 +209,8 @@ def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
         release = d.root / "release"
         older = hog(d, 200, release, retries=0)
         peak_seen(d, older, 200)
-        time.sleep(0.3)
+        pid = d.wait_pid(older)
+        d.wait_for(lambda: oom_score_adj(pid) == 1000, what="the older job ranked, alone")
         newer = d.submit(PY, "-c", grow, retries=0)
         killed = d.wait_done(newer, timeout=60)
         assert killed["reason"] == "oom_killed", killed["attempts"]
@@ -223,8 +234,8 @@ def test_a_hold_is_not_announced_again_after_a_restart(
     d.kill9()
     d.start()
     d.wait_state(big, "running")
-    d.wait_for(lambda: d.show(held)["waiting_for"], what="the hold again")
-    time.sleep(0.5)  # several passes after the restart
+    passes_behind(d, held)
+    assert d.show(held)["waiting_for"].startswith("waiting for host RAM")
     assert len(queue_waits(d.show(held))) == 1
     d.cli("cancel", str(big))
     assert d.wait_done(held)["state"] == "succeeded"

@@ -1,0 +1,65 @@
+"""An attempt as the protocol shows it: every field under its own name, the internal
+ones (the job id, the memory key and scale, the pid's start time) left out."""
+
+from __future__ import annotations
+
+from supervisor.core.records import Attempt
+
+
+def test_an_ended_attempt_shows_every_field_under_its_name() -> None:
+    attempt = Attempt(
+        job_id=7,
+        n=2,
+        gpus=(1, 3),
+        started_at="2026-01-02T03:04:05Z",
+        mem_key="train",
+        mem_scale=1.5,
+        pid=4321,
+        pid_start=99.5,
+        ended_at="2026-01-02T04:00:00Z",
+        exit_code=None,
+        signal=9,
+        reason="oom_killed",
+        peak_rss_mb=2048,
+        peak_vram_mb=7000,
+        evidence={"source": "kernel"},
+        gpu_uuids=("GPU-a", "GPU-b"),
+    )
+    assert attempt.to_json() == {
+        "n": 2,
+        "gpus": [1, 3],
+        "gpu_uuids": ["GPU-a", "GPU-b"],
+        "pid": 4321,
+        "started_at": "2026-01-02T03:04:05Z",
+        "ended_at": "2026-01-02T04:00:00Z",
+        "exit_code": None,
+        "signal": 9,
+        "reason": "oom_killed",
+        "peak_rss_mb": 2048,
+        "peak_vram_mb": 7000,
+        "evidence": {"source": "kernel"},
+    }
+
+
+def test_a_fresh_attempt_shows_what_is_not_known_yet_as_null() -> None:
+    attempt = Attempt(job_id=1, n=1, gpus=(), started_at="2026-01-02T03:04:05Z", mem_key="k")
+    assert attempt.to_json() == {
+        "n": 1,
+        "gpus": [],
+        "gpu_uuids": [],
+        "pid": None,
+        "started_at": "2026-01-02T03:04:05Z",
+        "ended_at": None,
+        "exit_code": None,
+        "signal": None,
+        "reason": None,
+        "peak_rss_mb": None,
+        "peak_vram_mb": None,
+        "evidence": None,
+    }
+
+
+def test_an_attempt_that_exited_shows_its_code() -> None:
+    attempt = Attempt(1, 1, (0,), "s", "k", ended_at="e", exit_code=3, reason="exit_nonzero")
+    shown = attempt.to_json()
+    assert (shown["exit_code"], shown["signal"], shown["reason"]) == (3, None, "exit_nonzero")
