@@ -55,6 +55,21 @@ def _restore_process_globals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_keeper_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keepers outlive their daemon by design; a test's must not outlive the test run."""
+    yield
+    import psutil
+
+    from supervisor.daemon.keepers import keeper_processes
+
+    left = keeper_processes(tmp_path_factory.getbasetemp())
+    for proc in left:
+        proc.kill()
+    psutil.wait_procs(left, timeout=5)
+    assert not left, f"keepers left running: {[p.info['cmdline'] for p in left]}"
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:

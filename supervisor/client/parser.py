@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: commands start sooner
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 RETRY_NOTE = (
     "default: the daemon's [retries] ordinary, 3 unless configured: any non-zero exit "

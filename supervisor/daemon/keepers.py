@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,14 +357,20 @@ def abandon(state_dir: Path) -> None:
     calls this: its keepers are meant to outlive it."""
     from supervisor.daemon.cgroups import keeper_roots
     from supervisor.keeper import cgroup
-    from supervisor.keeper.client import pid_of
 
-    root = state_dir / "keepers"
-    for home in sorted(root.glob("*")) if root.exists() else []:
-        pid = pid_of(home)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    # By their command line, not their sockets: a keeper that a killed daemon was still
+    # launching has no socket yet, and would come up after we looked. Look until two
+    # looks a little apart find none.
+    quiet = 0
+    deadline = time.monotonic() + 10.0
+    while quiet < 2 and time.monotonic() < deadline:
+        found = keeper_processes(state_dir / "keepers")
+        for proc in found:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(found, timeout=5.0)
+        quiet = 0 if found else quiet + 1
+        time.sleep(0.1)
     for base in keeper_roots(cgroup_tag(state_dir)):
         if base is None or not base.exists():
             continue
@@ -373,3 +380,14 @@ def abandon(state_dir: Path) -> None:
                 group.rmdir()
             keeper_root.rmdir()
         base.rmdir()
+
+
+def keeper_processes(root: Path) -> list[psutil.Process]:
+    """Keeper processes whose directory is under `root`."""
+    prefixes = tuple({f"{root}/", f"{root.resolve()}/"})
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "supervisor.keeper" in cmdline and any(a.startswith(prefixes) for a in cmdline):
+            found.append(proc)
+    return found

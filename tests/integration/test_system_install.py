@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client.cli import Client, Unreachable
+from supervisor.daemon.keepers import abandon
 from supervisor.wire.locations import SYSTEM_CONFIG, SYSTEM_SOCKET
 
 from .test_security import Users, users  # noqa: F401  (the fixture that makes real users)
@@ -96,3 +97,4 @@ def test_the_unit_layout_works_without_flags(users: Users, tmp_path: Path) -> No
             except subprocess.TimeoutExpired:
                 daemon.kill()
                 daemon.wait()
+            abandon(state)
