@@ -62,3 +62,9 @@ def test_targets_compare_against_their_thresholds() -> None:
         "idle": True,
         "restart": None,
     }
+
+
+def test_the_list_target_names_the_installed_figure_beside_the_editable_one() -> None:
+    client = {"gpusv_list": {"p50": 41.0}, "installed_list": {"p50": 27.0}}
+    target = next(t for t in report.targets({"client": client}) if t.name.startswith("list:"))
+    assert target.ok is False and "installed, not editable: 27.0 ms" in target.detail
