@@ -10,19 +10,12 @@ from collections.abc import Callable
 import pytest
 
 from .conftest import Daemon
+from .keeper_fixture import alive
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
 ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def _escaping(pidfile: str, then: str) -> str:
@@ -57,7 +50,7 @@ def test_an_escaped_descendant_dies_before_its_finished_job_frees_the_card(
     go.touch()  # the leader exits 0; its escaped descendant is still running
     done = d.wait_done(job)
     assert done["state"] == "succeeded"
-    assert not _alive(pid)  # killed before the end was reported, so before the card was free
+    assert not alive(pid)  # killed before the end was reported, so before the card was free
     following = d.submit("true")
     assert d.wait_done(following)["state"] == "succeeded"
 
@@ -68,4 +61,4 @@ def test_cancel_kills_an_escaped_descendant(make_daemon: Callable[..., Daemon]) 
     pid = _escaped_pid(d, "b.pid")
     d.cli("cancel", str(job))
     assert d.wait_done(job)["state"] == "cancelled"
-    assert not _alive(pid)
+    assert not alive(pid)

@@ -12,19 +12,12 @@ import pytest
 from supervisor.keeper.client import pid_of
 
 from .conftest import Daemon
+from .keeper_fixture import alive
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
 ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_kill_9_keeps_jobs_and_a_new_daemon_takes_them_back(
@@ -44,9 +37,9 @@ def test_kill_9_keeps_jobs_and_a_new_daemon_takes_them_back(
     cards = {tuple(d.show(jobs[n])["gpus"]) for n in ("card0", "card1")}
     assert cards == {(0,), (1,)}
     d.kill9()
-    assert all(_alive(pid) for pid in pids.values())  # the keepers still hold them
+    assert all(alive(pid) for pid in pids.values())  # the keepers still hold them
     fifos["cpu"].write_text("0\n")  # ends while no daemon runs
-    d.wait_for(lambda: not _alive(pids["cpu"]), what="the CPU job's exit")
+    d.wait_for(lambda: not alive(pids["cpu"]), what="the CPU job's exit")
     d.start()
     for name in ("card0", "card1"):
         shown = d.wait_state(jobs[name], "running")
@@ -71,7 +64,7 @@ def test_an_exit_while_no_daemon_runs_is_recorded_with_its_status(
     pid = d.wait_pid(job)
     d.kill9()
     fifo.write_text("3\n")
-    d.wait_for(lambda: not _alive(pid), what="the job's exit")
+    d.wait_for(lambda: not alive(pid), what="the job's exit")
     d.start()
     done = d.wait_done(job)
     assert done["state"] == "failed" and done["exit_code"] == 3
@@ -88,7 +81,7 @@ def test_a_keeper_that_dies_costs_its_jobs_an_uncharged_attempt(
     keeper = pid_of(d.state / "keepers" / f"gpu{card}")
     assert keeper is not None
     os.kill(keeper, signal.SIGKILL)
-    d.wait_for(lambda: not _alive(pid), what="the job killed: its keeper is gone")
+    d.wait_for(lambda: not alive(pid), what="the job killed: its keeper is gone")
     again = d.wait_for(lambda: len((j := d.show(job))["attempts"]) == 2 and j, what="a retry")
     assert again["attempts"][0]["reason"] == "interrupted"
     assert again["retries"]["ordinary"]["used"] == 0

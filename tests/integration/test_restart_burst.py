@@ -56,6 +56,7 @@ def _running_with_pids(d: Daemon, ids: list[int]) -> dict[int, tuple[int, int]] 
     return out
 
 
+@pytest.mark.timeout(900)  # 1,200 starts and 20 restarts: a minute idle, several under load
 def test_a_kill_9_at_any_instant_of_a_burst_never_runs_an_attempt_twice(
     make_daemon: Callable[..., Daemon],
 ) -> None:
