@@ -437,3 +437,23 @@ def test_recover_tracks_the_parents_of_queued_jobs_and_leaves_running_ones_be() 
     assert [(w.job.id, w.job.state, w.job.reason) for w in saves] == [
         (6, JobState.FAILED, R.DEPENDENCY_FAILED)
     ]
+
+
+# (GPUs, the hold's reason, kinds with none free when the pass began) -> settled.
+SETTLES = [
+    (2, "gpus", frozenset({"gpu"}), [1]),
+    (2, "gpus", frozenset(), []),  # told how many were free: not what a full pass says
+    (1, "gpus", frozenset(), [1]),  # one unit, and the pass used the last one up
+    (1, "vram", frozenset({"gpu"}), []),  # held for something else than its kind
+    (0, "cpu", frozenset({"cpu"}), [1]),
+    (0, "cpu", frozenset(), [1]),
+    (0, "host_ram", frozenset({"cpu"}), []),
+]
+
+
+def test_a_job_held_for_its_kind_of_device_while_none_was_free_is_settled() -> None:
+    for gpus, reason, full, settled in SETTLES:
+        t = Table()
+        run(t, c.Submit((spec(gpus=gpus),)))
+        out = run(t, c.Dispatch((), (Hold(1, reason, "waiting"),), full=full))  # type: ignore[arg-type]
+        assert out.changes.settle == settled, (gpus, reason, full)
