@@ -79,3 +79,9 @@ def test_a_shared_card_with_vram_left_keeps_the_scan_going() -> None:
     cards, running = shared_card(1)
     out = run([Candidate(1, 1, None, None, None)], cards, 0, running)
     assert out.starts == () and [(h.job_id, h.reason) for h in out.holds] == [(1, "gpus")]
+
+
+def test_a_job_held_for_ram_starts_once_its_ram_fits() -> None:
+    held = Candidate(1, 1, None, Projection(10 * GB, "observed", 1), NOW - 10, "host_ram")
+    idle = [Card(0, CARD, 0, True, ())]
+    assert run([held], idle, 0, []) == Plan((Start(1, (0,), 0),), ())

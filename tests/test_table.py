@@ -84,3 +84,10 @@ def test_seq_and_next_id_change_only_when_given() -> None:
     t.apply(Changes(seq=4, next_id=10))
     t.apply(Changes())
     assert (t.seq, t.next_id) == (4, 10)
+
+
+def test_an_attempt_closed_by_a_step_leaves_the_live_ones() -> None:
+    t = Table()
+    t.apply(Changes(jobs={1: job(1, JobState.RUNNING)}, live={1: live(1)}))
+    t.apply(Changes(live={1: None, 2: None}))
+    assert t.live == {} and set(t.jobs) == {1}
