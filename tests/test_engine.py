@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from supervisor.core import commands as c
 from supervisor.core.admission import Hold, Start
-from supervisor.core.engine import Step, step
+from supervisor.core.draft import Step
+from supervisor.core.engine import step
 from supervisor.core.jobs import TRANSITIONS, ExitStatus, FailureReason, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from supervisor.core import commands as c
 from supervisor.core.admission import Hold, Start
-from supervisor.core.engine import Step, step
+from supervisor.core.draft import Step
+from supervisor.core.engine import step
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts
 from supervisor.core.projection import Projection

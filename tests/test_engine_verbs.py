@@ -7,7 +7,8 @@ import signal
 
 from supervisor.core import commands as c
 from supervisor.core.admission import Start
-from supervisor.core.engine import Step, step
+from supervisor.core.draft import Step
+from supervisor.core.engine import step
 from supervisor.core.jobs import ExitStatus, FailureReason, JobSpec, JobState
 from supervisor.core.outcome import Facts
 from supervisor.core.table import Table

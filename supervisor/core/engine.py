@@ -8,12 +8,11 @@ for the shell to perform after the commit. Pure: no I/O, no clock (time is `now`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from supervisor.core import outcome
 from supervisor.core.admission import Hold, Start
 from supervisor.core.commands import (
-    Action,
     AttemptEnded,
     Cancel,
     Changed,
@@ -36,112 +35,19 @@ from supervisor.core.commands import (
     Started,
     Stop,
     Submit,
-    Write,
 )
+from supervisor.core.draft import Draft, Step
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt, Event
-from supervisor.core.table import Changes, Live, Phase, Table
-
-
-@dataclass
-class Step:
-    changes: Changes = field(default_factory=Changes)
-    writes: list[Write] = field(default_factory=list)
-    actions: list[Action] = field(default_factory=list)
-
-
-class _Draft:
-    """The table as this step has changed it so far."""
-
-    def __init__(self, table: Table, now: Now) -> None:
-        self.t = table
-        self.now = now
-        self.out = Step()
-        self.c = self.out.changes
-
-    def job(self, job_id: int) -> Job | None:
-        return self.c.jobs.get(job_id) or self.t.jobs.get(job_id)
-
-    def live(self, job_id: int) -> Live | None:
-        if job_id in self.c.live:
-            return self.c.live[job_id]
-        return self.t.live.get(job_id)
-
-    def pending(self, job_id: int) -> frozenset[int] | None:
-        if job_id in self.c.pending:
-            return self.c.pending[job_id]
-        return self.t.pending.get(job_id)
-
-    def put(
-        self, job: Job, *events: Event, new: Attempt | None = None, end: Attempt | None = None
-    ) -> None:
-        old = self.job(job.id)
-        self.c.jobs[job.id] = job
-        if events or new is not None or end is not None:
-            self.out.writes.append(SaveJob(job, self.now.iso, events, new, end))
-        self.out.actions.append(Changed(old, job))
-        if job.state.terminal:
-            self._ended(job)
-
-    def _ended(self, job: Job) -> None:
-        """Tell the jobs that wait for this one: one fewer parent, or a failed one."""
-        self.c.pending[job.id] = None
-        for child in sorted(self.t.dependents.get(job.id, ())):
-            parents = self.pending(child)
-            if parents is None:
-                continue
-            if job.state is JobState.SUCCEEDED:
-                self.waiting_on(child, parents - {job.id})
-            else:
-                self.fail_dependency(child, job.id)
-
-    def waiting_on(self, job_id: int, parents: frozenset[int]) -> None:
-        job = self.job(job_id)
-        if job is None or job.state is not JobState.QUEUED:
-            return
-        self.c.pending[job_id] = parents or None
-        waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
-        self.c.jobs[job_id] = dataclasses.replace(job, waiting_for=waiting)
-
-    def fail_dependency(self, job_id: int, parent: int) -> None:
-        job = self.job(job_id)
-        if job is None or job.state is not JobState.QUEUED:
-            return
-        failed = transition(job, JobState.FAILED, self.now.iso, FailureReason.DEPENDENCY_FAILED)
-        self.put(failed, Event("dependency_failed", f"dependency {parent} did not succeed"))
-
-    def track(self, job: Job, ended: dict[int, JobState]) -> None:
-        """Wait for the parents still active; fail now if one ended without success."""
-        bad = [
-            p
-            for p in job.spec.after
-            if self.job(p) is None and ended.get(p, JobState.FAILED) is not JobState.SUCCEEDED
-        ]
-        if bad:
-            self.c.pending[job.id] = frozenset()  # never dispatched before it fails
-            self.fail_dependency(job.id, bad[0])
-            return
-        active = frozenset(p for p in job.spec.after if self.job(p) is not None)
-        self.c.dependents.extend((p, job.id) for p in active)
-        self.waiting_on(job.id, active)
-
-    def end(self, job: Job, live: Live, facts: Facts) -> None:
-        """Close the attempt as the facts say, and move the job on."""
-        done = outcome.end_of_attempt(job, live.attempt, facts, self.now.iso, self.now.wall)
-        self.c.live[job.id] = None
-        self.put(done.job, *done.events, end=done.attempt)
-        self.out.actions.append(AttemptEnded(done.job, done.attempt, live.cards))
-        if done.attempt.reason == FailureReason.GPU_HANG.value:
-            self.out.writes.append(hang_record(done.job, done.attempt, live.machine, self.now))
-
+from supervisor.core.table import Live, Phase, Table
 
 # ---- the commands -----------------------------------------------------------------------
 
 
-def _submit(d: _Draft, cmd: Submit) -> None:
+def _submit(d: Draft, cmd: Submit) -> None:
     first = d.t.next_id
     d.c.next_id = first + len(cmd.specs)
     # A new array is named by its first job; a restart's specs already name theirs.
@@ -161,7 +67,7 @@ def _submit(d: _Draft, cmd: Submit) -> None:
             d.track(job, cmd.ended_parents)
 
 
-def _dispatch(d: _Draft, cmd: Dispatch) -> None:
+def _dispatch(d: Draft, cmd: Dispatch) -> None:
     for hold in cmd.holds:
         _hold(d, hold)
     for start in cmd.starts:
@@ -178,7 +84,7 @@ def _settles(job: Job | None, hold: Hold, full: frozenset[str]) -> bool:
     return hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1)
 
 
-def _hold(d: _Draft, hold: Hold) -> None:
+def _hold(d: Draft, hold: Hold) -> None:
     """Show why a job waits; its `queue_wait` event is written once per wait, whatever
     the blocker turns into meanwhile."""
     job = d.job(hold.job_id)
@@ -196,7 +102,7 @@ def _hold(d: _Draft, hold: Hold) -> None:
         )
 
 
-def _claim(d: _Draft, start: Start, cmd: Dispatch) -> None:
+def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
     job = d.job(start.job_id)
     if job is None or job.state is not JobState.QUEUED or d.pending(job.id) is not None:
         return
@@ -227,13 +133,13 @@ def _claim(d: _Draft, start: Start, cmd: Dispatch) -> None:
     d.out.actions.append(Spawn(started, attempt, start.gpus, seq))
 
 
-def _spawning(d: _Draft, cmd: Spawning) -> None:
+def _spawning(d: Draft, cmd: Spawning) -> None:
     live = d.live(cmd.job_id)
     if live is not None and live.attempt.n == cmd.n and live.phase is Phase.CLAIMED:
         d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.SPAWNING)
 
 
-def _started(d: _Draft, cmd: Started) -> None:
+def _started(d: Draft, cmd: Started) -> None:
     live = d.live(cmd.job_id)
     if live is None or live.attempt.n != cmd.n:
         return
@@ -245,7 +151,7 @@ def _started(d: _Draft, cmd: Started) -> None:
         d.out.actions.append(Kill(cmd.job_id))
 
 
-def _ended(d: _Draft, cmd: Ended) -> None:
+def _ended(d: Draft, cmd: Ended) -> None:
     job, live = d.job(cmd.job_id), d.live(cmd.job_id)
     if job is None or live is None or live.attempt.n != cmd.n:
         return
@@ -258,7 +164,7 @@ def _ended(d: _Draft, cmd: Ended) -> None:
 
 
 def _stop(
-    d: _Draft,
+    d: Draft,
     job_id: int,
     reason: FailureReason,
     evidence: dict[str, object] | None,
@@ -288,7 +194,7 @@ def _stop(
         d.out.actions.append(Kill(job_id, reprobe))
 
 
-def _cancel(d: _Draft, cmd: Cancel) -> None:
+def _cancel(d: Draft, cmd: Cancel) -> None:
     job = d.job(cmd.job_id)
     if job is None:
         return
@@ -299,7 +205,7 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
         _stop(d, job.id, FailureReason.CANCELLED, None, None)
 
 
-def _reclassify(d: _Draft, cmd: Reclassify) -> None:
+def _reclassify(d: Draft, cmd: Reclassify) -> None:
     job = d.job(cmd.job_id)
     fixed = outcome.reclassified(job, cmd.attempt, cmd.evidence) if job else None
     if fixed is None:
@@ -310,13 +216,13 @@ def _reclassify(d: _Draft, cmd: Reclassify) -> None:
     d.out.actions.append(AttemptEnded(fixed.job, fixed.attempt, cards))
 
 
-def _progress(d: _Draft, cmd: Progress) -> None:
+def _progress(d: Draft, cmd: Progress) -> None:
     job = d.job(cmd.job_id)
     if job is not None and job.progress != cmd.match:
         d.c.jobs[job.id] = dataclasses.replace(job, progress=cmd.match)
 
 
-def _adopt(d: _Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
+def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
     """A job whose keeper still holds its attempt: running as stored, its cards taken.
     The pid comes from the keeper's record: a daemon killed before it committed the
     start left none in the store."""
@@ -339,7 +245,7 @@ def _adopt(d: _Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
     d.out.actions.append(Changed(None, job))
 
 
-def _hold_job(d: _Draft, cmd: HoldJob) -> None:
+def _hold_job(d: Draft, cmd: HoldJob) -> None:
     """Hold or release a queued job: it keeps its place; while held it does not start."""
     job = d.job(cmd.job_id)
     if job is None or job.state is not JobState.QUEUED or job.held == cmd.held:
@@ -353,7 +259,7 @@ def _hold_job(d: _Draft, cmd: HoldJob) -> None:
     d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))
 
 
-def _recover(d: _Draft, cmd: Recover) -> None:
+def _recover(d: Draft, cmd: Recover) -> None:
     """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
     is queued again as `interrupted` (charged to no budget), its attempt closed."""
     d.c.next_id = max(cmd.next_id, d.t.next_id)
@@ -389,7 +295,7 @@ def _recover(d: _Draft, cmd: Recover) -> None:
 
 def step(table: Table, cmd: Command, now: Now) -> Step:
     """Decide what `cmd` does to the table: its changes, writes and actions."""
-    d = _Draft(table, now)
+    d = Draft(table, now)
     match cmd:
         case Submit():
             _submit(d, cmd)

@@ -279,14 +279,10 @@ class Api:
 
     def job_view(self, job: Job) -> JobJson:
         return views.job_json(
-            job, host_memory=self.book.projection(job.spec), stopping=self._stopping(job.id)
+            job,
+            host_memory=self.book.projection(job.spec),
+            stopping=views.stopping(self.table, job.id),
         )
-
-    def _stopping(self, job_id: int) -> bool:
-        """Running, and the daemon has set out to stop it (cancel, timeout, hang, squeeze):
-        signalled, not yet gone. A stopped (SIGSTOP) process shows this until it dies."""
-        live = self.table.live.get(job_id)
-        return live is not None and live.kill is not None
 
     async def _job(self, job_id: int) -> Job:
         job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
@@ -337,7 +333,7 @@ class Api:
             host_memory=self.book.projection(job.spec),
             attempts=attempts,
             events=events,
-            stopping=self._stopping(job.id),
+            stopping=views.stopping(self.table, job.id),
         )
         live = self.live_rss(job.id)
         shown = obj.get("attempts")

@@ -16,7 +16,8 @@ import anyio
 import structlog
 
 from supervisor.core.commands import Command, InsertJob, Now, Submit
-from supervisor.core.engine import Step, step
+from supervisor.core.draft import Step
+from supervisor.core.engine import step
 from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker

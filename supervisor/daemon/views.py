@@ -7,6 +7,7 @@ from typing import Any, cast
 from supervisor.core.jobs import Job
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
+from supervisor.core.table import Table
 from supervisor.wire.shapes import AttemptJson, HostMemory, JobJson, PublicJobJson
 
 # What anyone who may connect can see of someone else's job: what it holds, why it waits
@@ -89,3 +90,10 @@ def public_view(full: JobJson) -> PublicJobJson:
         "waiting_for": full["waiting_for"],
         "submitted_at": full["submitted_at"],
     }
+
+
+def stopping(table: Table, job_id: int) -> bool:
+    """Running, and the daemon has set out to stop it (cancel, timeout, hang, squeeze):
+    signalled, not yet gone. A stopped (SIGSTOP) process shows this until it dies."""
+    live = table.live.get(job_id)
+    return live is not None and live.kill is not None

@@ -1,0 +1,107 @@
+"""A step's working copy: the table as the command being stepped has changed it so far,
+and what the step will write and do. The engine (`core/engine.py`) decides with it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from supervisor.core import outcome
+from supervisor.core.commands import Action, AttemptEnded, Changed, Now, SaveJob, Write
+from supervisor.core.hang_record import hang_record
+from supervisor.core.jobs import FailureReason, Job, JobState, transition
+from supervisor.core.outcome import Facts
+from supervisor.core.records import Attempt, Event
+from supervisor.core.table import Changes, Live, Table
+
+
+@dataclass
+class Step:
+    changes: Changes = field(default_factory=Changes)
+    writes: list[Write] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+
+class Draft:
+    """The table as this step has changed it so far."""
+
+    def __init__(self, table: Table, now: Now) -> None:
+        self.t = table
+        self.now = now
+        self.out = Step()
+        self.c = self.out.changes
+
+    def job(self, job_id: int) -> Job | None:
+        return self.c.jobs.get(job_id) or self.t.jobs.get(job_id)
+
+    def live(self, job_id: int) -> Live | None:
+        if job_id in self.c.live:
+            return self.c.live[job_id]
+        return self.t.live.get(job_id)
+
+    def pending(self, job_id: int) -> frozenset[int] | None:
+        if job_id in self.c.pending:
+            return self.c.pending[job_id]
+        return self.t.pending.get(job_id)
+
+    def put(
+        self, job: Job, *events: Event, new: Attempt | None = None, end: Attempt | None = None
+    ) -> None:
+        old = self.job(job.id)
+        self.c.jobs[job.id] = job
+        if events or new is not None or end is not None:
+            self.out.writes.append(SaveJob(job, self.now.iso, events, new, end))
+        self.out.actions.append(Changed(old, job))
+        if job.state.terminal:
+            self._ended(job)
+
+    def _ended(self, job: Job) -> None:
+        """Tell the jobs that wait for this one: one fewer parent, or a failed one."""
+        self.c.pending[job.id] = None
+        for child in sorted(self.t.dependents.get(job.id, ())):
+            parents = self.pending(child)
+            if parents is None:
+                continue
+            if job.state is JobState.SUCCEEDED:
+                self.waiting_on(child, parents - {job.id})
+            else:
+                self.fail_dependency(child, job.id)
+
+    def waiting_on(self, job_id: int, parents: frozenset[int]) -> None:
+        job = self.job(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        self.c.pending[job_id] = parents or None
+        waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
+        self.c.jobs[job_id] = dataclasses.replace(job, waiting_for=waiting)
+
+    def fail_dependency(self, job_id: int, parent: int) -> None:
+        job = self.job(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        failed = transition(job, JobState.FAILED, self.now.iso, FailureReason.DEPENDENCY_FAILED)
+        self.put(failed, Event("dependency_failed", f"dependency {parent} did not succeed"))
+
+    def track(self, job: Job, ended: dict[int, JobState]) -> None:
+        """Wait for the parents still active; fail now if one ended without success."""
+        bad = [
+            p
+            for p in job.spec.after
+            if self.job(p) is None and ended.get(p, JobState.FAILED) is not JobState.SUCCEEDED
+        ]
+        if bad:
+            self.c.pending[job.id] = frozenset()  # never dispatched before it fails
+            self.fail_dependency(job.id, bad[0])
+            return
+        active = frozenset(p for p in job.spec.after if self.job(p) is not None)
+        self.c.dependents.extend((p, job.id) for p in active)
+        self.waiting_on(job.id, active)
+
+    def end(self, job: Job, live: Live, facts: Facts) -> None:
+        """Close the attempt as the facts say, and move the job on."""
+        done = outcome.end_of_attempt(job, live.attempt, facts, self.now.iso, self.now.wall)
+        self.c.live[job.id] = None
+        self.put(done.job, *done.events, end=done.attempt)
+        self.out.actions.append(AttemptEnded(done.job, done.attempt, live.cards))
+        if done.attempt.reason == FailureReason.GPU_HANG.value:
+            self.out.writes.append(hang_record(done.job, done.attempt, live.machine, self.now))
