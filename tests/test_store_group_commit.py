@@ -37,20 +37,19 @@ async def test_a_failing_write_is_undone_alone_and_the_others_of_its_batch_commi
     w, path = writer
     seen_by_others: list[list[str]] = []
 
-    async def first(db: aiosqlite.Connection) -> str:
-        await db.execute("INSERT INTO t VALUES ('a1')")
+    def first(db: sqlite3.Connection) -> str:
+        db.execute("INSERT INTO t VALUES ('a1')")
         return "first"
 
-    async def bad(db: aiosqlite.Connection) -> str:
-        await db.execute("INSERT INTO t VALUES ('b1')")  # written, then undone
-        await db.execute("INSERT INTO t VALUES ('a1')")  # a constraint: the op fails
+    def bad(db: sqlite3.Connection) -> str:
+        db.execute("INSERT INTO t VALUES ('b1')")  # written, then undone
+        db.execute("INSERT INTO t VALUES ('a1')")  # a constraint: the op fails
         return "unreachable"
 
-    async def last(db: aiosqlite.Connection) -> str:
+    def last(db: sqlite3.Connection) -> str:
         seen_by_others.append(committed(path))  # nothing of the batch is committed yet
-        async with db.execute("SELECT k FROM t ORDER BY k") as cur:
-            inside = [k for (k,) in await cur.fetchall()]
-        await db.execute("INSERT INTO t VALUES ('c1')")
+        inside = [k for (k,) in db.execute("SELECT k FROM t ORDER BY k")]
+        db.execute("INSERT INTO t VALUES ('c1')")
         return ",".join(inside)
 
     results: dict[str, object] = {}
@@ -84,12 +83,12 @@ async def test_a_lone_failing_write_is_rolled_back_and_the_next_one_commits(
 ) -> None:
     w, path = writer
 
-    async def bad(db: aiosqlite.Connection) -> None:
-        await db.execute("INSERT INTO t VALUES ('x')")
-        await db.execute("INSERT INTO missing VALUES (1)")
+    def bad(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO t VALUES ('x')")
+        db.execute("INSERT INTO missing VALUES (1)")
 
-    async def good(db: aiosqlite.Connection) -> None:
-        await db.execute("INSERT INTO t VALUES ('y')")
+    def good(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO t VALUES ('y')")
 
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         await w.write(bad)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiosqlite
 import structlog
 
 from supervisor.core.commands import InsertJob, RecordHang, SaveJob, SetPid, Write
@@ -80,6 +80,21 @@ def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
 async def commit(store: Store, writes: Sequence[Write], request_id: str | None = None) -> None:
     """Commit every write in one transaction; raises if it did not commit. A submit's
     `request_id` is kept with the jobs it inserts, in the same transaction."""
+    await store.write(transaction(store, writes, request_id))
+    _log(writes)
+
+
+def commit_later(store: Store, writes: Sequence[Write]) -> None:
+    """Queue writes for the next group commit without waiting for it: only for what
+    another durable record already holds (a pid is in its keeper's journal)."""
+    store.write_later(transaction(store, writes, None))
+    _log(writes)
+
+
+def transaction(
+    store: Store, writes: Sequence[Write], request_id: str | None
+) -> Callable[[sqlite3.Connection], None]:
+    """The writes as one op for the store's writer (run on the connection's thread)."""
     envs: dict[int, str] = {}  # a batch shares one env: encode it once
 
     def job_row(w: InsertJob) -> tuple[Any, ...]:
@@ -94,34 +109,35 @@ async def commit(store: Store, writes: Sequence[Write], request_id: str | None =
         _event_params(w.job.id, w.at, ev) for w in saves for ev in w.events
     ]
 
-    async def op(db: aiosqlite.Connection) -> None:
-        await db.executemany(INSERT_JOB, [job_row(w) for w in inserts])
+    def op(db: sqlite3.Connection) -> None:
+        db.executemany(INSERT_JOB, [job_row(w) for w in inserts])
         if inserts and request_id is not None:
-            await db.execute(INSERT_REQUEST, _request_params(inserts, request_id))
+            db.execute(INSERT_REQUEST, _request_params(inserts, request_id))
         if inserts and store.ids is not None:  # before the commit: ids never go back
             store.ids.raise_to(max(w.job.id for w in inserts))
         for w in saves:
             if w.new_attempt is not None:
-                await _insert_attempt(db, w.new_attempt)
+                _insert_attempt(db, w.new_attempt)
             if w.ended_attempt is not None:
-                await _finish_attempt(db, w.ended_attempt)
-        await db.executemany(UPDATE_JOB, [_job_params(w.job) for w in saves])
-        await db.executemany(INSERT_EVENT, events)
+                _finish_attempt(db, w.ended_attempt)
+        db.executemany(UPDATE_JOB, [_job_params(w.job) for w in saves])
+        db.executemany(INSERT_EVENT, events)
         for other in writes:
             if isinstance(other, SetPid):
                 a = other.attempt
-                await db.execute(
+                db.execute(
                     "UPDATE attempts SET pid=?, pid_start=? WHERE job_id=? AND n=?",
                     (a.pid, a.pid_start, a.job_id, a.n),
                 )
             elif isinstance(other, RecordHang):
-                await db.execute(INSERT_HANG, _hang_params(other.row))
+                db.execute(INSERT_HANG, _hang_params(other.row))
 
-    await store.write(op)
-    _log(inserts, saves)
+    return op
 
 
-def _log(inserts: Sequence[InsertJob], saves: Sequence[SaveJob]) -> None:
+def _log(writes: Sequence[Write]) -> None:
+    inserts = [w for w in writes if isinstance(w, InsertJob)]
+    saves = [w for w in writes if isinstance(w, SaveJob)]
     if inserts and len(inserts) <= LOGGED:
         for w in inserts:
             log.info("submitted", event_kind="submitted", job_id=w.job.id, state="queued")

@@ -15,13 +15,13 @@ from typing import TypeVar
 import anyio
 import structlog
 
-from supervisor.core.commands import Command, InsertJob, Now, Submit
+from supervisor.core.commands import Command, InsertJob, Now, SetPid, Submit
 from supervisor.core.draft import Step
 from supervisor.core.engine import step
 from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.commit import commit
+from supervisor.daemon.commit import commit, commit_later
 from supervisor.daemon.store import StorageError, Store
 
 log = structlog.get_logger("gpusvd.engine")
@@ -52,7 +52,9 @@ class Engine:
             if isinstance(cmd, Submit):
                 cmd = await self._with_parents(cmd)
             out = step(self.table, cmd, self.clock())
-            if out.writes:
+            if out.writes and all(isinstance(w, SetPid) for w in out.writes):
+                commit_later(self.store, out.writes)  # the keeper's journal has the pid
+            elif out.writes:
                 self.epoch += 1  # odd: a commit is in flight
                 try:
                     request = cmd.request_id if isinstance(cmd, Submit) else None

@@ -6,10 +6,9 @@ but leaves every listing; its logs are deleted.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
-
-import aiosqlite
 
 from supervisor.core.jobs import Job
 from supervisor.daemon.clock import iso_from_epoch
@@ -65,10 +64,9 @@ async def clean(store: Store, owner_uid: int | None, ended_before: float, at: st
         params.append(owner_uid)
     clause = " AND ".join(where)
 
-    async def op(db: aiosqlite.Connection) -> list[int]:
-        async with db.execute(f"SELECT id FROM jobs WHERE {clause}", params) as cur:
-            ids = [int(r[0]) for r in await cur.fetchall()]
-        await db.execute(f"UPDATE jobs SET cleaned_at = ? WHERE {clause}", [at, *params])
+    def op(db: sqlite3.Connection) -> list[int]:
+        ids = [int(r[0]) for r in db.execute(f"SELECT id FROM jobs WHERE {clause}", params)]
+        db.execute(f"UPDATE jobs SET cleaned_at = ? WHERE {clause}", [at, *params])
         return ids
 
     return await store.write(op)

@@ -106,20 +106,19 @@ class Store(Writer):
             env = envs.get(id(spec.env)) or envs.setdefault(id(spec.env), json.dumps(spec.env))
             return (_spec_json(spec), env, spec.owner_uid, spec.mem_key, spec.priority, at)
 
-        async def op(db: aiosqlite.Connection) -> list[int]:
-            await db.executemany(
+        def op(db: sqlite3.Connection) -> list[int]:
+            db.executemany(
                 "INSERT INTO jobs (spec, env, owner_uid, mem_key, priority, state, "
                 "submitted_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)",
                 [row(spec) for spec in specs],
             )
             # The writer holds the only write transaction: AUTOINCREMENT ids are consecutive.
-            async with db.execute("SELECT last_insert_rowid()") as cur:
-                last = int((await cur.fetchone() or (0,))[0])
+            last = int((db.execute("SELECT last_insert_rowid()").fetchone() or (0,))[0])
             ids = list(range(last - len(specs) + 1, last + 1))
             if self.ids is not None:
                 self.ids.raise_to(last)
             submitted = Event("submitted", "submitted")
-            await db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
+            db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
             return ids
 
         ids = await self.write(op)
@@ -141,15 +140,15 @@ class Store(Writer):
     ) -> None:
         """One state change with its event (and attempt row), as one unit."""
 
-        async def op(db: aiosqlite.Connection) -> None:
-            await _update_job(db, job)
+        def op(db: sqlite3.Connection) -> None:
+            _update_job(db, job)
             if new_attempt is not None:
-                await _insert_attempt(db, new_attempt)
+                _insert_attempt(db, new_attempt)
             if ended_attempt is not None:
-                await _finish_attempt(db, ended_attempt)
+                _finish_attempt(db, ended_attempt)
             events = [event] if isinstance(event, Event) else list(event or ())
             for ev in events:
-                await _insert_event(db, job.id, at, ev)
+                _insert_event(db, job.id, at, ev)
 
         await self.write(op)
         for ev in [event] if isinstance(event, Event) else list(event or ()):
@@ -158,9 +157,9 @@ class Store(Writer):
     async def save_many(self, changes: Sequence[tuple[Job, Event]], at: str) -> None:
         """Many state changes, each with its event, in one unit (e.g. a pass's holds)."""
 
-        async def op(db: aiosqlite.Connection) -> None:
-            await db.executemany(UPDATE_JOB, [_job_params(job) for job, _ in changes])
-            await db.executemany(INSERT_EVENT, [_event_params(j.id, at, e) for j, e in changes])
+        def op(db: sqlite3.Connection) -> None:
+            db.executemany(UPDATE_JOB, [_job_params(job) for job, _ in changes])
+            db.executemany(INSERT_EVENT, [_event_params(j.id, at, e) for j, e in changes])
 
         await self.write(op)
         for job, ev in changes[:10]:
@@ -169,8 +168,8 @@ class Store(Writer):
             log.info(f"and {len(changes) - 10} more", event_kind=changes[-1][1].kind)
 
     async def set_attempt_pid(self, a: Attempt) -> None:
-        async def op(db: aiosqlite.Connection) -> None:
-            await db.execute(
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE attempts SET pid=?, pid_start=? WHERE job_id=? AND n=?",
                 (a.pid, a.pid_start, a.job_id, a.n),
             )
@@ -178,14 +177,14 @@ class Store(Writer):
         await self.write(op)
 
     async def add_event(self, job_id: int | None, at: str, event: Event) -> None:
-        async def op(db: aiosqlite.Connection) -> None:
-            await _insert_event(db, job_id, at, event)
+        def op(db: sqlite3.Connection) -> None:
+            _insert_event(db, job_id, at, event)
 
         await self.write(op)
 
     async def add_daemon_event(self, at: str, kind: str, data: dict[str, Any]) -> None:
-        async def op(db: aiosqlite.Connection) -> None:
-            await db.execute(
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT INTO daemon_events (at, kind, data) VALUES (?, ?, ?)",
                 (at, kind, json.dumps(data)),
             )

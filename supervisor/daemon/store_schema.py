@@ -7,11 +7,10 @@ hold all the SQL in the project.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
-
-import aiosqlite
 
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
@@ -210,8 +209,8 @@ UPDATE_JOB = (
 INSERT_EVENT = "INSERT INTO events (job_id, at, kind, message, data) VALUES (?, ?, ?, ?, ?)"
 
 
-async def _update_job(db: aiosqlite.Connection, job: Job) -> None:
-    await db.execute(UPDATE_JOB, _job_params(job))
+def _update_job(db: sqlite3.Connection, job: Job) -> None:
+    db.execute(UPDATE_JOB, _job_params(job))
 
 
 def _job_params(job: Job) -> tuple[Any, ...]:
@@ -238,12 +237,12 @@ def _event_params(job_id: int | None, at: str, ev: Event) -> tuple[Any, ...]:
     return (job_id, at, ev.kind, ev.message, json.dumps(ev.data) if ev.data else None)
 
 
-async def _insert_event(db: aiosqlite.Connection, job_id: int | None, at: str, ev: Event) -> None:
-    await db.execute(INSERT_EVENT, _event_params(job_id, at, ev))
+def _insert_event(db: sqlite3.Connection, job_id: int | None, at: str, ev: Event) -> None:
+    db.execute(INSERT_EVENT, _event_params(job_id, at, ev))
 
 
-async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
-    await db.execute(
+def _insert_attempt(db: sqlite3.Connection, a: Attempt) -> None:
+    db.execute(
         f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             a.job_id,
@@ -266,8 +265,8 @@ async def _insert_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
     )
 
 
-async def _finish_attempt(db: aiosqlite.Connection, a: Attempt) -> None:
-    await db.execute(
+def _finish_attempt(db: sqlite3.Connection, a: Attempt) -> None:
+    db.execute(
         "UPDATE attempts SET ended_at=?, exit_code=?, signal=?, reason=?, peak_rss_mb=?, "
         "peak_vram_mb=?, evidence=? WHERE job_id=? AND n=?",
         (

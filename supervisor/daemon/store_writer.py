@@ -1,7 +1,10 @@
 """The store's group-commit writer, and what it does when the disk says no.
 
 One writer commits all that is queued in a loop turn in one transaction; a caller's await
-returns only after that commit, so nothing is acknowledged before it is durable. A write
+returns only after that commit, so nothing is acknowledged before it is durable. The whole
+transaction runs as one call on the connection's own thread: an op is a plain function of
+the sqlite3 connection, so a commit costs one hand-over between the loop and that thread,
+not one per statement. A write
 that did not commit raises StorageError (or, for a write that nobody is waiting to hear
 refused, waits and is tried again): nothing is acted on that was not recorded.
 
@@ -29,7 +32,7 @@ import structlog
 
 log = structlog.get_logger("gpusvd.store")
 T = TypeVar("T")
-Op = Callable[[aiosqlite.Connection], Awaitable[T]]
+Op = Callable[[sqlite3.Connection], T]  # runs on the connection's thread, inside the batch
 
 RETRY_MIN_S, RETRY_MAX_S = 0.25, 5.0
 # SQLite's primary result codes that mean the disk, not the statement, failed.
@@ -88,6 +91,7 @@ class _Write:
     patient: bool
     done: anyio.Event = field(default_factory=anyio.Event)
     box: list[Any] = field(default_factory=list)
+    awaited: bool = True  # False: write_later's, whose failure only the log hears of
 
 
 class Writer:
@@ -135,6 +139,12 @@ class Writer:
             raise w.box[0]
         return cast(T, w.box[0])
 
+    def write_later(self, op: Op[Any]) -> None:
+        """Queue op for the next group transaction without waiting for it: patient (kept
+        and retried while the storage fails), in order with every other write."""
+        self._pending.append(_Write(op, patient=True, awaited=False))
+        self._wake.set()
+
     async def run_writer(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         self._writer_running = True
         task_status.started()
@@ -162,6 +172,8 @@ class Writer:
             self._succeeded()
             for w in batch:
                 w.done.set()
+                if not w.awaited and isinstance(w.box[0], BaseException):
+                    log.error("a queued write failed", error=repr(w.box[0]))
             return
         error = self._failed(failure)
         kept = []
@@ -176,41 +188,13 @@ class Writer:
 
     async def _commit(self, batch: list[_Write]) -> BaseException | None:
         """One transaction for the batch: None once committed, else the storage failure
-        (every write of the batch is then unrecorded). A write whose own statement fails
-        gets its exception and is left out, without undoing the others."""
-        try:
-            await self.db.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1:  # alone, the transaction itself is the unit to roll back
-                w = batch[0]
-                try:
-                    w.box.append(await w.op(self.db))
-                except Exception as exc:
-                    if storage_reason(exc) is not None:
-                        raise
-                    await self.db.rollback()
-                    w.box.append(exc)
-                    return None
-            else:
-                for w in batch:
-                    await self._savepoint(w)
-            await self.db.commit()
-        except Exception as exc:
-            with contextlib.suppress(Exception):  # a full disk may have rolled it back
-                await self.db.rollback()
-            return exc
-        return None
-
-    async def _savepoint(self, w: _Write) -> None:
-        await self.db.execute("SAVEPOINT op")
-        try:
-            w.box.append(await w.op(self.db))
-            await self.db.execute("RELEASE op")
-        except Exception as exc:  # one bad op must not undo the others
-            if storage_reason(exc) is not None:
-                raise
-            await self.db.execute("ROLLBACK TO op")
-            await self.db.execute("RELEASE op")
-            w.box.append(exc)
+        (every write of the batch is then unrecorded)."""
+        db = self.db
+        # aiosqlite runs each call on the connection's thread; `_execute` hands it the
+        # whole transaction at once (its public calls would hand over every statement).
+        on_thread = cast(Callable[[Callable[[], Any]], Awaitable[Any]], db._execute)
+        failure: BaseException | None = await on_thread(lambda: _transaction(db._conn, batch))
+        return failure
 
     async def _probe(self) -> None:
         """A write of nothing that matters (the schema version, unchanged): it commits
@@ -218,8 +202,8 @@ class Writer:
         async with self.db.execute("PRAGMA user_version") as cur:
             version = int((await cur.fetchone() or (0,))[0])
 
-        async def op(db: aiosqlite.Connection) -> None:
-            await db.execute(f"PRAGMA user_version={version}")
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(f"PRAGMA user_version={version}")
 
         with anyio.CancelScope(shield=True):
             failure = await self._commit([_Write(op, patient=True)])
@@ -250,3 +234,42 @@ class Writer:
             log.warning("the state database can be written again", was=self.problem)
         self.problem = None
         self._retry_s = RETRY_MIN_S
+
+
+def _transaction(db: sqlite3.Connection, batch: list[_Write]) -> BaseException | None:
+    """On the connection's thread: the batch in one transaction. A write whose own
+    statement fails gets its exception and is left out, without undoing the others."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        if len(batch) == 1:  # alone, the transaction itself is the unit to roll back
+            w = batch[0]
+            try:
+                w.box.append(w.op(db))
+            except Exception as exc:
+                if storage_reason(exc) is not None:
+                    raise
+                db.rollback()
+                w.box.append(exc)
+                return None
+        else:
+            for w in batch:
+                _savepoint(db, w)
+        db.commit()
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # a full disk may have rolled it back
+            db.rollback()
+        return exc
+    return None
+
+
+def _savepoint(db: sqlite3.Connection, w: _Write) -> None:
+    db.execute("SAVEPOINT op")
+    try:
+        w.box.append(w.op(db))
+        db.execute("RELEASE op")
+    except Exception as exc:  # one bad op must not undo the others
+        if storage_reason(exc) is not None:
+            raise
+        db.execute("ROLLBACK TO op")
+        db.execute("RELEASE op")
+        w.box.append(exc)
