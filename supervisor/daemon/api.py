@@ -80,6 +80,7 @@ class Api:
         self.draining: Callable[[], bool] = lambda: dispatcher.draining
         self.live_rss = live_rss
         self.waiters: dict[int, list[anyio.Event]] = {}
+        self.ended: dict[int, Job] = {}  # a waited-for job's end, as the engine published it
         self.starting: dict[int, list[anyio.Event]] = {}
         broker.subscribe(Changed, self._changed)
         broker.subscribe(ProcessStarted, lambda ev: self._wake(self.starting, ev.job_id))
@@ -93,6 +94,8 @@ class Api:
 
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:
+            if ev.new.id in self.waiters:  # read by wait() at once: no store read per job
+                self.ended[ev.new.id] = ev.new
             self._wake(self.waiters, ev.new.id)
             self._wake(self.starting, ev.new.id)
 
@@ -377,8 +380,11 @@ class Api:
                 while not job.state.terminal:
                     event = anyio.Event()
                     self.waiters.setdefault(job_id, []).append(event)
-                    await event.wait()
-                    job = await self._job(job_id)
+                    try:
+                        await event.wait()
+                    finally:
+                        ended = self.ended.pop(job_id, None)
+                    job = ended or await self._job(job_id)
                 view = self.job_view(job)
                 done.append(view if self.access.may_act(peer, job) else views.public_view(view))
             return {"ok": True, "jobs": done, "timed_out": False}

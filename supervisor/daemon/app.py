@@ -63,6 +63,7 @@ from supervisor.wire.locations import config_path
 
 log = structlog.get_logger("gpusvd")
 STATUS_INTERVAL_S = 5.0  # STATUS= refresh and the dispatch loop's check-in
+STATUS_COALESCE_S = 0.25  # STATUS= follows job changes at most this often
 SELF_PING_S = 10.0  # the server's check-in; as often as WATCHDOG=1 when that is sooner
 
 
@@ -220,6 +221,7 @@ async def _status(parts: Parts) -> None:
         parts.dispatcher.poke()  # the dispatch loop checks in after the pass this wakes
         with anyio.move_on_after(STATUS_INTERVAL_S):
             await changed.wait()
+            await anyio.sleep(STATUS_COALESCE_S)  # a flood of changes: one line for them all
         changed = anyio.Event()
 
 

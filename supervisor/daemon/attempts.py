@@ -35,6 +35,7 @@ from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_n
 from supervisor.daemon.launch import SpawnError
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
+from supervisor.keeper.journal import Record
 from supervisor.keeper.spawn import Spec
 
 if TYPE_CHECKING:
@@ -83,6 +84,12 @@ def _peak_mb(sampled_mb: int, kernel_bytes: int | None) -> int:
     the most the sampler saw of its processes' RSS. Rounded up: a job that charged a few
     hundred KiB still ran with a figure, and so still adds to its key's history."""
     return -(-kernel_bytes // 2**20) if kernel_bytes else sampled_mb
+
+
+def _may_have_leftovers(ended: Record | None) -> bool:
+    """Whether processes of the job may outlive its leader: unknown unless its keeper
+    counted its cgroup empty at the exit (nothing joins an empty cgroup)."""
+    return ended is None or ended.leftovers > 0 or not (ended.cgroup or ended.memcg)
 
 
 class Evidence(Protocol):
@@ -253,7 +260,7 @@ class Runner:
         ended = p.handle.ended
         job_oom = ended is not None and (ended.oom_kills or 0) > 0
         oom_why = "job_cgroup_oom_kill" if job_oom else self.evidence.oom_evidence(p, status)
-        if p.handle.tree():  # descendants outlived the leader
+        if _may_have_leftovers(ended) and p.handle.tree():  # descendants outlived the leader
             handle = p.handle
             with contextlib.suppress(Exception):
                 await self.abort(lambda: handle.kill_tree(0.5), f"job-{p.job_id}-leftovers")

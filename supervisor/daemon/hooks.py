@@ -54,7 +54,14 @@ class Hooks:
     def __init__(self, cfg: HooksConfig, book: MemoryBook, broker: Broker) -> None:
         self.cfg = cfg
         self.book = book
-        self.due = broker.stream(AttemptEnded, Changed)
+        send, self.due = anyio.create_memory_object_stream[AttemptEnded | Changed](float("inf"))
+
+        def offer(ev: AttemptEnded | Changed) -> None:
+            if self.cfg.on_finish or self.cfg.on_gpu_hang:  # read now: a reload may set them
+                send.send_nowait(ev)
+
+        broker.subscribe(AttemptEnded, offer)
+        broker.subscribe(Changed, offer)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:

@@ -314,7 +314,7 @@ class Keepers:
         (including when no keeper can be started)."""
         try:
             keeper, _ = await self.ensure(name)
-            answer = await keeper.call("spawn", **dataclasses.asdict(spec))
+            answer = await keeper.call("spawn", **_spawn_fields(spec))
         except KeeperError as exc:
             raise SpawnError(exc.message if exc.code == "spawn" else str(exc)) from None
         except (KeeperGone, OSError) as exc:
@@ -391,3 +391,9 @@ def keeper_processes(root: Path) -> list[psutil.Process]:
         if "supervisor.keeper" in cmdline and any(a.startswith(prefixes) for a in cmdline):
             found.append(proc)
     return found
+
+
+def _spawn_fields(spec: Spec) -> dict[str, Any]:
+    """The spawn request's fields: Spec's own, shallow (dataclasses.asdict deep-copies
+    the environment, once per job)."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}

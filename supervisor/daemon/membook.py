@@ -16,6 +16,8 @@ class MemoryBook:
         self.store = store
         self.margin = margin
         self.history: dict[str, list[MemObservation]] = {}
+        # project() is pure: its figure holds until the key's history changes.
+        self._projections: dict[str, dict[tuple[int | None, float | None], Projection | None]] = {}
         broker.subscribe(AttemptEnded, self._ended)
 
     async def load(self, key: str) -> None:
@@ -24,6 +26,7 @@ class MemoryBook:
             self.history[key] = [
                 MemObservation(r.peak_rss_mb, r.reason, r.scale, r.peak_vram_mb) for r in rows
             ]
+            self._forget(key)
 
     def _ended(self, ev: AttemptEnded) -> None:
         a = ev.attempt
@@ -31,14 +34,22 @@ class MemoryBook:
             rows = self.history.setdefault(a.mem_key, [])
             rows.append(MemObservation(a.peak_rss_mb, a.reason, a.mem_scale, a.peak_vram_mb))
             del rows[:-HISTORY]
+            self._forget(a.mem_key)
+
+    def _forget(self, key: str) -> None:
+        self._projections.pop(key, None)
 
     def projection(self, spec: JobSpec) -> Projection | None:
-        return project(
-            self.history.get(spec.mem_key, []),
-            declared_mb=spec.mem_mb,
-            scale=spec.mem_scale,
-            margin=self.margin,
-        )
+        known = self._projections.setdefault(spec.mem_key, {})
+        figure = (spec.mem_mb, spec.mem_scale)
+        if figure not in known:
+            known[figure] = project(
+                self.history.get(spec.mem_key, []),
+                declared_mb=spec.mem_mb,
+                scale=spec.mem_scale,
+                margin=self.margin,
+            )
+        return known[figure]
 
     def vram_need(self, spec: JobSpec) -> int | None:
         if spec.vram_mb is not None:

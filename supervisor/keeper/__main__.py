@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
+import gc
 import os
 import socket
 import sys
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         os.setsid()
         become_subreaper()  # a fork does not inherit it
     log_line(f"serving {home} (cgroup2 {roots.v2}, memcg {roots.memcg})")
-    Server(jobs, listener, log_line).serve()
+    server = Server(jobs, listener, log_line)
+    # Every fork write-protects the keeper's pages until the child execs; the collector
+    # walking start-up's objects would then copy pages for nothing. They live for good.
+    gc.freeze()
+    server.serve()
     (home / "sock").unlink(missing_ok=True)
     log_line("no jobs left to keep: exiting")
     return 0

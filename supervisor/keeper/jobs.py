@@ -1,9 +1,11 @@
 """The keeper's jobs: start, reap, kill, forget: everything but the socket.
 
-Durability rule: what another party could act on is synced first. A job's command runs
-only after its start record is synced (the gate); an exit is reported only after its
-record is synced; an acknowledgement is answered only after the record is gone from the
-journal. `after_sync` holds what waits for the next sync.
+Durability rule: a job's command runs only after its start record is written to the
+journal (the gate), not synced: the page cache outlives a crash of the keeper or gpusvd,
+and a power loss that loses the line ends the process too (journal.py). What another
+party could act on is synced first: an exit is reported only after its record is
+synced, an acknowledgement answered only after the record is gone from the journal on
+disk. `after_sync` holds what waits for the next sync.
 """
 
 from __future__ import annotations
@@ -96,20 +98,18 @@ class Jobs:
             str(groups.v2) if groups.v2 else None,
             str(groups.memcg) if groups.memcg else None,
         )
-        self.journal.append("start", record)
+        try:
+            self.journal.append("start", record)
+        except OSError as exc:  # the gate never opens: the child exits, reaped as an orphan
+            os.close(forked.gate)
+            os.close(forked.status)
+            self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
+            raise Refused("spawn", f"cannot record the start: {exc.strerror}") from None
+        # Written is enough (module docstring); opened at once, the child execs sooner and
+        # the keeper copies fewer of its pages that the child still shares.
+        _open_gate(forked.gate)
         live = Live(os.pidfd_open(forked.pid), forked.status, reply)
         self.live[key] = live
-        gate = forked.gate
-
-        def open_gate() -> None:
-            try:
-                os.write(gate, spawn.GO)
-            except BrokenPipeError:
-                pass  # the child failed its setup and is gone: its exit says why
-            finally:
-                os.close(gate)
-
-        self.after_sync.append(open_gate)
         return live
 
     def exec_outcome(self, key: Key) -> None:
@@ -323,6 +323,15 @@ class Jobs:
                 if path.is_dir() and path.name not in known:
                     cgroup.empty_out(path)
                     cgroup.remove(cgroup.Groups(path))
+
+
+def _open_gate(gate: int) -> None:
+    try:
+        os.write(gate, spawn.GO)
+    except BrokenPipeError:
+        pass  # the child failed its setup and is gone: its exit says why
+    finally:
+        os.close(gate)
 
 
 def _open_failure(exc: OSError) -> str:

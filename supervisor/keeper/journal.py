@@ -1,10 +1,15 @@
 """The keeper's durable records: one JSON line per start, exit and acknowledgement.
 
-Appends are grouped: every line written in one turn of the keeper's loop reaches the
-disk with one fdatasync, and nothing that depends on a line (a job's command running, an
-exit reported) happens before that. A line cut short by a crash is the last one and was
-never synced, so it is skipped at replay. When acknowledged records dominate the file,
-it is rewritten with only the live ones (write, fsync, rename, fsync the directory).
+A start line only has to be written (in the page cache) before its job's command may
+run: that survives a crash of the keeper or of gpusvd, and a power loss that takes the
+line also takes the process it describes (recovery calls an attempt without a record
+`interrupted`, which is then true). Exit and acknowledgement lines must be on disk
+before anyone is told: every such line written in one turn of the keeper's loop reaches
+the disk with one fdatasync, which carries the turn's start lines along. A line is
+written whole or not at all (a failed write is cut off again); one cut short by a crash
+mid-write is the last one and nothing depended on it, so it is skipped at replay. When
+acknowledged records dominate the file, it is rewritten with only the live ones (write,
+fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 Key = tuple[int, int]  # (job id, attempt number)
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Journal:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         if created:
             fsync_dir(path.parent)
+        self._size = os.fstat(self._fd).st_size
         self._dirty = False
 
     def _replay(self) -> None:
@@ -104,13 +111,26 @@ class Journal:
             self.records.pop(key, None)
 
     def append(self, kind: str, record: Record, **extra: Any) -> None:
-        """Write one line now; it is durable after the next sync()."""
+        """Write one line now, whole, or raise OSError with the file as it was. A start
+        needs no sync (module docstring); any other line is durable after sync()."""
         entry: dict[str, Any] = {"e": kind, "job": record.job, "attempt": record.attempt}
         entry.update(record.to_json() if kind in ("start", "rec") else extra)
+        self._write(_encode(entry).encode() + b"\n")
         self._apply(entry)
-        os.write(self._fd, json.dumps(entry, separators=(",", ":")).encode() + b"\n")
         self.lines += 1
-        self._dirty = True
+        if kind != "start":
+            self._dirty = True
+
+    def _write(self, line: bytes) -> None:
+        try:
+            done = os.write(self._fd, line)
+            while done < len(line):  # a regular file may take less; the rest must follow
+                done += os.write(self._fd, line[done:])
+        except OSError:
+            # A part of a line would glue the next one to it, and replay would lose both.
+            os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(line)
 
     def sync(self) -> None:
         if self._dirty:
@@ -123,9 +143,13 @@ class Journal:
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            for record in self.records.values():
-                entry = {"e": "rec", **record.to_json()}
-                os.write(fd, json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+            data = b"".join(
+                _encode({"e": "rec", **record.to_json()}).encode() + b"\n"
+                for record in self.records.values()
+            )
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done:])
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -133,7 +157,9 @@ class Journal:
         fsync_dir(self.path.parent)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._size = len(data)
         self.lines = len(self.records)
+        self._dirty = False
 
     def close(self) -> None:
         self.sync()
