@@ -207,10 +207,21 @@ def _bytes_mb(cgroup: Path, v2_name: str, v1_name: str) -> int | None:
 
 
 def _read(path: Path) -> str:
+    """A small cgroup or proc file, whole ("" when it cannot be read): one open and one
+    read, no text layer (read on every job's start and end)."""
     try:
-        return path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:  # a long cgroup.procs
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def _write(path: Path, text: str) -> None:

@@ -138,6 +138,10 @@ class Dispatcher:
         free["cpu"] = self.cpu_slots_free()
         full = {kind for kind, n in free.items() if n <= 0}
         free.update(self._array_room())
+        if not self.table.queue.live and all(n <= 0 for n in free.values()):
+            # Every queued job is settled (held for a kind of device none of which is
+            # free) and nothing is free: the plan would start nothing and hold no one anew.
+            return self.table.queue.next_backoff(now_wall, self._backoff_current)
         plan = self._plan(cards, free, now, now_wall)
         if plan.starts or plan.holds:
             projections = {
