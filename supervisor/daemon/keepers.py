@@ -175,7 +175,7 @@ class Keeper:
     _replies: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = field(default_factory=dict)
     _ended: dict[Key, Record] = field(default_factory=dict)
     _waiting: dict[Key, anyio.Event] = field(default_factory=dict)
-    _send_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    _send_lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
     gone: bool = False
 
     async def call(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -257,7 +257,7 @@ class Keepers:
         self.cgroup2, self.memcg = cgroup2, memcg
         self.keepers: dict[str, Keeper] = {}
         self._tg: TaskGroup | None = None
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)
 
     async def __aenter__(self) -> Keepers:
         self._tg = anyio.create_task_group()
