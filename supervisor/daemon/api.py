@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import os
@@ -395,12 +394,4 @@ class Api:
         if not self.access.may_act(peer, job):
             raise forbidden(f"logs of job {job.id}")
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
-        data, offset, size = joblogs.read(path, req.offset, LOG_CHUNK, req.tail_lines)
-        return {
-            "ok": True,
-            "data_b64": base64.b64encode(data).decode(),
-            "offset": offset + len(data),
-            "size": size,
-            "done": job.state.terminal and offset + len(data) >= size,
-            "state": job.state.value,
-        }
+        return joblogs.chunk_reply(path, req.offset, LOG_CHUNK, req.tail_lines, job.state)

@@ -9,6 +9,7 @@ end of the head says how much was cut.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import errno
@@ -21,6 +22,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 import structlog
+
+from supervisor.core.jobs import JobState
+from supervisor.wire.shapes import LogsReply
 
 if TYPE_CHECKING:
     from supervisor.daemon.config import Config
@@ -48,6 +52,22 @@ def append(paths: Iterable[Path], data: bytes) -> None:
                 os.write(fd, data)
             finally:
                 os.close(fd)
+
+
+def chunk_reply(
+    path: Path, offset: int, limit: int, tail_lines: int | None, state: JobState
+) -> LogsReply:
+    """`gpusv logs`' answer: a chunk of the file from `offset` (or its tail), and whether
+    the job's output is complete."""
+    data, start, size = read(path, offset, limit, tail_lines)
+    return {
+        "ok": True,
+        "data_b64": base64.b64encode(data).decode(),
+        "offset": start + len(data),
+        "size": size,
+        "done": state.terminal and start + len(data) >= size,
+        "state": state.value,
+    }
 
 
 def read(path: Path, offset: int, limit: int, tail_lines: int | None) -> tuple[bytes, int, int]:
