@@ -165,6 +165,18 @@ class BenchDaemon:
     def rss_mb(self) -> float:
         return round(self.process().memory_info().rss / 2**20, 1)
 
+    def keeper_rss_mb(self) -> dict[str, float]:
+        """Each keeper of this daemon's state dir (by its directory's name): RSS in MiB."""
+        homes = self.state / "keepers"
+        out = {}
+        for proc in psutil.process_iter(["cmdline", "memory_info"]):
+            argv = proc.info["cmdline"] or []
+            if "supervisor.keeper" in argv and proc.info["memory_info"] is not None:
+                home = next((Path(a) for a in argv if a.startswith(str(homes))), None)
+                if home is not None:
+                    out[home.name] = round(proc.info["memory_info"].rss / 2**20, 1)
+        return out
+
     def wait_jobs(self, ids: Sequence[int], timeout: float = 600.0) -> list[dict[str, Any]]:
         """Every job terminal; `wait` takes at most 10,000 ids per request."""
         jobs: list[dict[str, Any]] = []

@@ -41,6 +41,54 @@ def _throughput(r: Results) -> Target:
     return Target(name, ok, f"{ours} jobs/s on 2 cards{vs}")
 
 
+def _vs_tsp(key: str, label: str) -> Callable[[Results], Target]:
+    """Keepers' target: 1,000 trivial jobs through one `submit --batch` at >= 1.5x Task
+    Spooler's jobs/s, measured in the same run."""
+
+    def target(r: Results) -> Target:
+        name = f"keepers: jobs/s on {label} >= 1.5x Task Spooler's (same run)"
+        ours, theirs = _get(r, key, "jobs_per_s"), _get(r, "tsp", "jobs_per_s")
+        if ours is None or theirs is None:
+            return Target(name, None, "not measured" if ours is None else "tsp not run")
+        return Target(
+            name, ours >= 1.5 * theirs, f"{ours} vs {theirs} jobs/s (ratio {ours / theirs:.2f})"
+        )
+
+    return target
+
+
+def _daemon_cpu(r: Results) -> Target:
+    name = "keepers: daemon CPU <= 1.5 ms per trivial job"
+    per_job = {
+        label: _get(r, key, "daemon_cpu_ms_per_job")
+        for key, label in (("throughput_cpu", "CPU slots"), ("throughput_gpu", "2 cards"))
+    }
+    seen = {label: v for label, v in per_job.items() if v is not None}
+    if not seen:
+        return Target(name, None, "not measured")
+    detail = ", ".join(f"{v} ms on {label}" for label, v in seen.items())
+    return Target(name, max(seen.values()) <= 1.5, detail)
+
+
+def _socket_latency(r: Results) -> Target:
+    name = "keepers: submit -> start p50 <= 5 ms over the raw socket"
+    sock = _get(r, "latency", "socket_submit_to_start_ms", "p50")
+    if sock is None:
+        return Target(name, None, "not measured")
+    floor = _get(r, "latency", "job_spawn_floor_ms", "p50")
+    return Target(name, sock <= 5, f"{sock} ms (the job's own sh + date run directly: {floor} ms)")
+
+
+def _idle_rss(r: Results) -> Target:
+    name = "keepers: gpusvd RSS fresh and idle <= 40 MiB"
+    rss = r.get("idle_rss_mb")
+    if rss is None:
+        return Target(name, None, "not measured")
+    keepers = r.get("keeper_rss_mb") or {}
+    each = ", ".join(f"{k} {v} MiB" for k, v in sorted(keepers.items()))
+    return Target(name, rss <= 40, f"{rss} MiB" + (f" (keepers: {each})" if each else ""))
+
+
 def _batch(r: Results) -> Target:
     rate = _get(r, "queue", "cli_batch", "jobs_per_s")
     name = "batch submit >= 2,000 jobs/s"
@@ -106,6 +154,11 @@ def _history(
 
 
 TARGETS: list[Callable[[Results], Target]] = [
+    _vs_tsp("throughput_cpu", "CPU slots"),
+    _vs_tsp("throughput_gpu", "2 cards"),
+    _daemon_cpu,
+    _socket_latency,
+    _idle_rss,
     _throughput,
     _batch,
     _client,
@@ -214,7 +267,9 @@ def _scale_rows(r: Results) -> list[tuple[str, str]]:
         out.append((f"daemon RSS, {n}", f"{h['rss_mb']} MB"))
         out.append((f"idle CPU over {h['idle_s']:.0f} s", f"{h['idle_cpu_pct']} %"))
     if "idle_rss_mb" in r:
-        out.append(("daemon RSS, fresh and idle", f"{r['idle_rss_mb']} MB"))
+        out.append(("daemon RSS, fresh and idle", f"{r['idle_rss_mb']} MiB"))
+    for name, rss in sorted((r.get("keeper_rss_mb") or {}).items()):
+        out.append((f"keeper {name} RSS, after the throughput runs", f"{rss} MiB"))
     s = r.get("sampler") or {}
     if s:
         out.append(("memory sampler, per running job", f"{s['cpu_pct_per_job']} % of a CPU"))

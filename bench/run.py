@@ -69,14 +69,19 @@ def _fresh(root: Path, s: Sizes, r: dict[str, Any]) -> None:
         r["client"] = measure_client(d, s.cli_runs)
         r["latency"] = measure_latency(d, s.latency_jobs)
         r["throughput_gpu"] = measure_throughput(d, s.throughput_jobs, gpus=1)
+        r.setdefault("keeper_rss_mb", {}).update(d.keeper_rss_mb())
         r["hang"] = measure_hang(d, s.hang_repeats)
 
 
+CPU_SLOTS = 2  # as many as Task Spooler's slots in the same run: equal concurrency
+
+
 def _cpu_slots(root: Path, s: Sizes, r: dict[str, Any]) -> None:
-    with BenchDaemon(root / "cpu", config="cpu_slots = 4\n") as d:
+    with BenchDaemon(root / "cpu", config=f"cpu_slots = {CPU_SLOTS}\n") as d:
         d.start()
         r["throughput_cpu"] = measure_throughput(d, s.throughput_jobs, gpus=0)
-        r["throughput_cpu"]["cpu_slots"] = 4
+        r["throughput_cpu"]["cpu_slots"] = CPU_SLOTS
+        r.setdefault("keeper_rss_mb", {}).update(d.keeper_rss_mb())
 
 
 def _sampler(_root: Path, _s: Sizes, r: dict[str, Any]) -> None:

@@ -27,9 +27,11 @@ def test_the_bench_runs_end_to_end_at_tiny_sizes(
     assert [d["queued"] for d in results["dispatch"]] == [10, 100]
     assert results["queue"]["cli_batch"]["jobs"] == 200
     assert results["history"]["jobs"] == 200
-    verdicts = [t["ok"] for t in results["targets"]]
-    assert len(verdicts) == len(report.TARGETS)
-    assert None not in verdicts  # each target was measured (tsp, left out, is optional)
+    assert len(results["targets"]) == len(report.TARGETS)
+    # Each target was measured but those against Task Spooler and the CPU slots (left out).
+    unmeasured = [t["name"] for t in results["targets"] if t["ok"] is None]
+    assert unmeasured and all("Task Spooler" in name for name in unmeasured), unmeasured
+    assert {"gpu0", "gpu1"} <= set(results["keeper_rss_mb"])
     printed = capsys.readouterr().out
     assert "gpusv submit" in printed and "restart -> READY" in printed
 
@@ -50,7 +52,11 @@ def test_targets_compare_against_their_thresholds() -> None:
         ],
         "history": {"jobs": 100_000, "rss_mb": 81.0, "idle_cpu_pct": 0.05},
     }
-    by_name = {t.name.split(" ")[0]: t.ok for t in report.targets(results)}
+    by_name = {
+        t.name.split(" ")[0]: t.ok
+        for t in report.targets(results)
+        if not t.name.startswith("keepers:")
+    }
     assert by_name == {
         "throughput": False,  # fast enough, but slower than Task Spooler
         "batch": None,
@@ -62,6 +68,32 @@ def test_targets_compare_against_their_thresholds() -> None:
         "idle": True,
         "restart": None,
     }
+
+
+def test_the_keepers_targets_compare_against_task_spooler_and_their_thresholds() -> None:
+    results = {
+        "throughput_cpu": {"jobs_per_s": 700.0, "daemon_cpu_ms_per_job": 1.2},
+        "throughput_gpu": {"jobs_per_s": 600.0, "daemon_cpu_ms_per_job": 1.6},
+        "tsp": {"jobs_per_s": 450.0},
+        "latency": {
+            "socket_submit_to_start_ms": {"p50": 4.0},
+            "job_spawn_floor_ms": {"p50": 1.4},
+        },
+        "idle_rss_mb": 41.0,
+        "keeper_rss_mb": {"cpu": 14.0},
+    }
+    got = {t.name: t for t in report.targets(results) if t.name.startswith("keepers:")}
+    assert {name: t.ok for name, t in got.items()} == {
+        "keepers: jobs/s on CPU slots >= 1.5x Task Spooler's (same run)": True,  # 700 >= 675
+        "keepers: jobs/s on 2 cards >= 1.5x Task Spooler's (same run)": False,  # 600 < 675
+        "keepers: daemon CPU <= 1.5 ms per trivial job": False,  # the cards' 1.6 ms
+        "keepers: submit -> start p50 <= 5 ms over the raw socket": True,
+        "keepers: gpusvd RSS fresh and idle <= 40 MiB": False,
+    }
+    rss = got["keepers: gpusvd RSS fresh and idle <= 40 MiB"]
+    assert rss.detail == "41.0 MiB (keepers: cpu 14.0 MiB)"
+    no_tsp = report.targets({"throughput_cpu": {"jobs_per_s": 700.0}})
+    assert [t.detail for t in no_tsp if "CPU slots >= 1.5x" in t.name] == ["tsp not run"]
 
 
 def test_the_list_target_names_the_installed_figure_beside_the_editable_one() -> None:
