@@ -1,6 +1,7 @@
 """NVIDIA cards through NVML (nvidia-ml-py, imported as `pynvml`).
 
 Every NVML call can block for minutes on a hung card; callers run them in worker threads.
+pynvml is imported when NVML is first opened (see `pynvml_module`), not with this module.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pynvml
 import structlog
 
 from supervisor.gpus.base import (
@@ -32,15 +32,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-# Codes after which the card is unusable until a reset or a reboot: "GPU is lost" (fell off
-# the bus, Xid 79), "GPU requires reset" and an interrupt problem.
-LOST_CODES: frozenset[int] = frozenset(
-    {
-        pynvml.NVML_ERROR_GPU_IS_LOST,
-        pynvml.NVML_ERROR_RESET_REQUIRED,
-        pynvml.NVML_ERROR_IRQ_ISSUE,
-    }
-)
 # "Unknown Error" is what many drivers return for a card in that state, and also what a
 # single hiccup returns: lost only when it repeats this many times in a row.
 UNKNOWN_RETRIES = 3
@@ -53,6 +44,24 @@ class NvmlUnavailable(GpuError):
     def __init__(self, message: str, *, missing_library: bool) -> None:
         super().__init__(message)
         self.missing_library = missing_library
+
+
+def pynvml_module() -> Any:
+    """pynvml, imported at first use. It is one 330 kB module: importing it costs ~2.5 MiB,
+    and where it has no bytecode yet, compiling it leaves several MiB more in the heap; a
+    daemon on simulated cards never opens NVML and is spared both."""
+    import pynvml
+
+    return pynvml
+
+
+def lost_codes() -> frozenset[int]:
+    """Codes after which the card is unusable until a reset or a reboot: "GPU is lost"
+    (fell off the bus, Xid 79), "GPU requires reset" and an interrupt problem."""
+    nv = pynvml_module()
+    return frozenset(
+        {nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_RESET_REQUIRED, nv.NVML_ERROR_IRQ_ISSUE}
+    )
 
 
 def as_text(value: str | bytes) -> str:
@@ -72,8 +81,8 @@ def translate(exc: BaseException, what: str, *, unknown_streak: int = 0) -> GpuE
     included; past UNKNOWN_RETRIES the card counts as lost.
     """
     code = error_code(exc)
-    lost = code in LOST_CODES or (
-        code == pynvml.NVML_ERROR_UNKNOWN and unknown_streak >= UNKNOWN_RETRIES
+    lost = code in lost_codes() or (
+        code == pynvml_module().NVML_ERROR_UNKNOWN and unknown_streak >= UNKNOWN_RETRIES
     )
     cls = GpuLost if lost else GpuError
     return cls(f"{what}: {exc}")
@@ -96,7 +105,9 @@ class NvmlBackend:
     lost): CUDA still counts it, so dropping it would shift every later card's number.
     """
 
-    def __init__(self, nvml: Any = pynvml, *, probe_deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+    def __init__(self, nvml: Any = None, *, probe_deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+        """`nvml`: the library, pynvml unless given (tests give a stand-in)."""
+        nvml = pynvml_module() if nvml is None else nvml
         self._nvml = nvml
         self._lock = threading.Lock()
         self._cards: dict[int, NvmlCard] = {}  # by NVML index, once identified
@@ -108,7 +119,7 @@ class NvmlBackend:
         try:
             nvml.nvmlInit()
         except Exception as e:  # NVMLError, and NVMLLibraryMismatchError (a plain Exception)
-            missing = error_code(e) == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+            missing = error_code(e) == pynvml_module().NVML_ERROR_LIBRARY_NOT_FOUND
             raise NvmlUnavailable(f"NVML: {e}", missing_library=missing) from e
         try:
             self._count = int(nvml.nvmlDeviceGetCount())
@@ -162,7 +173,7 @@ class NvmlBackend:
             try:
                 processes = listing(card.handle)
             except nvml.NVMLError as e:
-                if error_code(e) == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                if error_code(e) == pynvml_module().NVML_ERROR_NOT_SUPPORTED:
                     continue
                 raise translate(e, f"NVIDIA GPU {card.pci_bus_id} processes") from e
             for p in processes:
@@ -216,7 +227,7 @@ class NvmlBackend:
     def _failed(self, e: BaseException, card: NvmlCard) -> GpuError:
         with self._lock:
             streak = self._unknown.get(card.nvml_index, 0) + 1
-            if error_code(e) != pynvml.NVML_ERROR_UNKNOWN:
+            if error_code(e) != pynvml_module().NVML_ERROR_UNKNOWN:
                 streak = 0
             self._unknown[card.nvml_index] = streak
         return translate(e, f"NVIDIA GPU {card.pci_bus_id}", unknown_streak=streak)
@@ -228,7 +239,7 @@ class NvmlBackend:
         except nvml.NVMLError as e:
             # MIG-enabled cards and some older boards do not report utilization: unknown,
             # which is not 0 % (a watchdog would call every quiet job on them hung).
-            if error_code(e) == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            if error_code(e) == pynvml_module().NVML_ERROR_NOT_SUPPORTED:
                 return None
             raise
 

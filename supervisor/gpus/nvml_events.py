@@ -19,12 +19,11 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-import pynvml
 import structlog
 
 from supervisor.faults.records import KernelLine
 from supervisor.gpus.base import normalize_bus_id
-from supervisor.gpus.nvml import as_text, error_code
+from supervisor.gpus.nvml import as_text, error_code, pynvml_module
 
 log = structlog.get_logger(__name__)
 WAIT_MS = 1000
@@ -69,11 +68,11 @@ class XidEvents:
                 log.warning("nvml_event_set_free_failed", error=str(e))
 
     def _register(self, events: Any) -> int:
-        nvml = self._nvml
+        nvml, xid_critical = self._nvml, pynvml_module().nvmlEventTypeXidCriticalError
         count = 0
         for handle in self._handles:
             try:
-                nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+                nvml.nvmlDeviceRegisterEvents(handle, xid_critical, events)
                 count += 1
             except nvml.NVMLError as e:
                 # NOT_SUPPORTED: GeForce before Fermi, some vGPU; the kernel log still speaks.
@@ -81,16 +80,17 @@ class XidEvents:
         return count
 
     def _wait(self, events: Any) -> Iterator[str]:
-        nvml = self._nvml
+        nvml, nv = self._nvml, pynvml_module()
+        timeout, xid_critical = nv.NVML_ERROR_TIMEOUT, nv.nvmlEventTypeXidCriticalError
         while not self.stop.is_set():
             try:
                 data = nvml.nvmlEventSetWait_v2(events, WAIT_MS)
             except nvml.NVMLError as e:
-                if error_code(e) == pynvml.NVML_ERROR_TIMEOUT:
+                if error_code(e) == timeout:
                     continue
                 log.warning("nvml_event_wait_failed", error=str(e))
                 return
-            if int(data.eventType) != pynvml.nvmlEventTypeXidCriticalError:
+            if int(data.eventType) != xid_critical:
                 continue
             instance = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
             yield xid_line(
