@@ -14,9 +14,9 @@ from supervisor.daemon.metrics import (
     HostSample,
     Metrics,
     Snapshot,
-    families,
     split_listen,
 )
+from supervisor.daemon.metrics_render import families
 
 CARD = CardSample(
     index=0,
