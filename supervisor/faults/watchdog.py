@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import regex as regex_module
+if TYPE_CHECKING:
+    import regex as regex_module
 
 LOW_UTIL_PCT = 1.0  # a card at or under this is idle
 # A job tree using less than this share of one core between two samples is idle on the CPU:
@@ -114,8 +115,13 @@ class ProgressTracker:
 
     def __init__(self, regex: str | None, started_at: float) -> None:
         # `regex` rather than `re`: a user's pattern such as (a+)+$ must not be able to
-        # stall the daemon; every match runs under a time limit.
-        self._pattern = regex_module.compile(regex) if regex else None
+        # stall the daemon; every match runs under a time limit. Imported here, by the first
+        # job that has a pattern: a daemon whose jobs have none is spared its ~1 MiB.
+        self._pattern: regex_module.Pattern[str] | None = None
+        if regex:
+            import regex as regex_module
+
+            self._pattern = regex_module.compile(regex)
         self.regex_gave_up = False
         self._last_progress_at = started_at
         self._low_since: float | None = None
