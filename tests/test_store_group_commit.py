@@ -1,5 +1,6 @@
-"""The group commit's isolation: writes queued together share one transaction, and one
-whose own statement fails is undone alone (its savepoint), on a real SQLite file."""
+"""The group commit's isolation: writes that queue while a commit is in flight share the
+next transaction, and one whose own statement fails is undone alone (its savepoint), on a
+real SQLite file."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ async def test_a_failing_write_is_undone_alone_and_the_others_of_its_batch_commi
     w, path = writer
     seen_by_others: list[list[str]] = []
 
+    def lead(db: sqlite3.Connection) -> str:
+        db.execute("INSERT INTO t VALUES ('l0')")
+        return "lead"
+
     def first(db: sqlite3.Connection) -> str:
         db.execute("INSERT INTO t VALUES ('a1')")
         return "first"
@@ -62,19 +67,21 @@ async def test_a_failing_write_is_undone_alone_and_the_others_of_its_batch_commi
 
     async with anyio.create_task_group() as tg:
         await tg.start(w.run_writer)
-        # Queued in one loop turn: the writer wakes once and commits the three together.
-        for name, op in (("first", first), ("bad", bad), ("last", last)):
+        # Started in one loop turn: the lead commits at once, by itself; the three after it
+        # queue while its commit is in flight, and the writer commits them together.
+        for name, op in (("lead", lead), ("first", first), ("bad", bad), ("last", last)):
             tg.start_soon(call, name, op)
         with anyio.fail_after(10):
-            while len(results) < 3:
+            while len(results) < 4:
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
 
-    assert seen_by_others == [[]], "the three writes were not one transaction"
+    assert seen_by_others == [["l0"]], "the three writes were not one transaction"
+    assert results["lead"] == "lead"
     assert results["first"] == "first"
     assert isinstance(results["bad"], sqlite3.IntegrityError)
-    assert results["last"] == "a1"  # inside the batch: the first's row, not the bad one's
-    assert committed(path) == ["a1", "c1"]
+    assert results["last"] == "a1,l0"  # inside the batch: the first's row, not the bad one's
+    assert committed(path) == ["a1", "c1", "l0"]
     assert w.problem is None and w.failures == 0
 
 

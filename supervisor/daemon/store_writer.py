@@ -1,12 +1,14 @@
 """The store's group-commit writer, and what it does when the disk says no.
 
-One writer commits all that is queued in a loop turn in one transaction; a caller's await
-returns only after that commit, so nothing is acknowledged before it is durable. The whole
-transaction runs as one call on the connection's own thread: an op is a plain function of
-the sqlite3 connection, so a commit costs one hand-over between the loop and that thread,
-not one per statement. A write
-that did not commit raises StorageError (or, for a write that nobody is waiting to hear
-refused, waits and is tried again): nothing is acted on that was not recorded.
+A write with no commit in flight is committed at once by its own task; writes that come
+while one is in flight queue, and the writer task commits them all in the next
+transaction (group commit: under load, one transaction and one sync for many writes). A
+caller's await returns only after its commit, so nothing is acknowledged before it is
+durable. A transaction runs as one call on the connection's own thread: an op is a plain
+function of the sqlite3 connection, so a commit costs one hand-over between the loop and
+that thread, not one per statement. A write that did not commit raises StorageError (or,
+for a write that nobody is waiting to hear refused, waits and is tried again): nothing is
+acted on that was not recorded.
 
 Two kinds of writes:
 - a client request's first write fails fast: the client hears `storage` and nothing of
@@ -102,6 +104,7 @@ class Writer:
         self._pending: list[_Write] = []
         self._wake = anyio.Event()
         self._writer_running = False
+        self._flushing = 0  # commits in flight
         self._answering: set[int] = set()  # tasks whose next write fails fast
         self.problem: str | None = None  # why commits fail now; None while they succeed
         self.failures = 0  # commits that failed for the storage, since start
@@ -130,11 +133,16 @@ class Writer:
         self._answering.discard(task)
         w = _Write(op, patient=not fail_fast)
         self._pending.append(w)
-        if self._writer_running:
-            self._wake.set()
-        else:  # before the writer task starts (start-up) or after it stopped
+        if not self._writer_running or (not self._flushing and self.problem is None):
+            # Nothing in flight: this task commits what is queued itself, without handing
+            # over to the writer task. Writes that come meanwhile queue for the writer,
+            # which commits them together next (the connection's thread runs one
+            # transaction at a time, in the order they were handed to it).
             await self.flush()
-        await w.done.wait()
+        else:
+            self._wake.set()
+        if not w.done.is_set():
+            await w.done.wait()
         if isinstance(w.box[0], BaseException):
             raise w.box[0]
         return cast(T, w.box[0])
@@ -166,8 +174,14 @@ class Writer:
             if self.problem is not None:
                 await self._probe()
             return
-        with anyio.CancelScope(shield=True):
-            failure = await self._commit(batch)
+        self._flushing += 1
+        try:
+            with anyio.CancelScope(shield=True):
+                failure = await self._commit(batch)
+        finally:
+            self._flushing -= 1
+        if self._pending or failure is not None:
+            self._wake.set()  # the writer task takes what came meanwhile, or retries
         if failure is None:
             self._succeeded()
             for w in batch:
