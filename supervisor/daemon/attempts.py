@@ -131,7 +131,10 @@ class Runner:
         self.keepers = keepers
         self._adopted: list[Proc] = []  # taken back at start-up; watched once run() starts
         self.oom_base = ranking.base_value(oom.read_value() or 0)
-        self.orders = broker.stream(Spawn, Kill)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._early: list[Spawn | Kill] = []  # orders published before run() began
+        broker.subscribe(Spawn, self._order)
+        broker.subscribe(Kill, self._order)
 
     def log_paths(self, job_id: int) -> tuple[Path, Path]:
         return self.logs_dir / f"{job_id}.out", self.logs_dir / f"{job_id}.err"
@@ -145,17 +148,30 @@ class Runner:
         p = self.procs.get(job_id)
         return (p.rss_mb, p.peak_rss_mb, p.peak_vram_mb) if p else None
 
+    def _order(self, order: Spawn | Kill) -> None:
+        """An engine order, carried out in a task of its own (started here, at once:
+        no hand-over through a stream)."""
+        if self._tg is None:
+            self._early.append(order)
+        elif isinstance(order, Spawn):
+            self._tg.start_soon(self.launch, order)
+        else:
+            self._tg.start_soon(self.kill, order)
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             for p in self._adopted:
                 tg.start_soon(self._watch, p)
             self._adopted.clear()
+            self._tg = tg
+            for order in self._early:
+                self._order(order)
+            self._early.clear()
             task_status.started()
-            async for order in self.orders:
-                if isinstance(order, Spawn):
-                    tg.start_soon(self.launch, order)
-                else:
-                    tg.start_soon(self.kill, order)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
 
     def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> Spec:
         user_env, uid, gid, groups = _user_of(job.spec.owner_uid)
