@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from supervisor.client.cli import Client, Unreachable
-from supervisor.daemon import keepers
+from supervisor.daemon import keeper_procs
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
@@ -167,14 +167,11 @@ class BenchDaemon:
 
     def keeper_rss_mb(self) -> dict[str, float]:
         """Each keeper of this daemon's state dir (by its directory's name): RSS in MiB."""
-        homes = self.state / "keepers"
         out = {}
-        for proc in psutil.process_iter(["cmdline", "memory_info"]):
-            argv = proc.info["cmdline"] or []
-            if "supervisor.keeper" in argv and proc.info["memory_info"] is not None:
-                home = next((Path(a) for a in argv if a.startswith(str(homes))), None)
-                if home is not None:
-                    out[home.name] = round(proc.info["memory_info"].rss / 2**20, 1)
+        for proc in keeper_procs.keeper_processes(self.state / "keepers"):
+            with contextlib.suppress(psutil.Error):
+                home = next(a for a in proc.cmdline() if a.startswith(str(self.state)))
+                out[Path(home).name] = round(proc.memory_info().rss / 2**20, 1)
         return out
 
     def wait_jobs(self, ids: Sequence[int], timeout: float = 600.0) -> list[dict[str, Any]]:
@@ -207,7 +204,7 @@ class BenchDaemon:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop(signal.SIGKILL)
-        keepers.abandon(self.state)  # they outlive a killed daemon by design
+        keeper_procs.abandon(self.state)  # they outlive a killed daemon by design
 
 
 def submit_request(root: Path, argvs: list[list[str]], **options: Any) -> dict[str, Any]:

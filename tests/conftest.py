@@ -61,7 +61,7 @@ def _no_keeper_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield
     import psutil
 
-    from supervisor.daemon.keepers import keeper_processes
+    from supervisor.daemon.keeper_procs import keeper_processes
 
     left = keeper_processes(tmp_path_factory.getbasetemp())
     for proc in left:

@@ -257,7 +257,7 @@ class Runner:
         with contextlib.suppress(KeeperError, KeeperGone, OSError):
             if p.handle.keeper.gone:  # a new keeper took the journal over: ack there
                 p.handle.keeper, _ = await self.keepers.ensure(p.handle.keeper.name)
-            await p.handle.ack()
+            await p.handle.ack(answered=False)
 
     async def end(self, p: Proc, status: ExitStatus) -> None:
         """Gather the facts of the end, kill leftovers, and hand the facts to the engine."""

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,9 +159,14 @@ class KeptProcess:
         answer = await self.keeper.call("memory", job=self.key[0], attempt=self.key[1])
         return answer["peak_bytes"], answer["oom_kills"]
 
-    async def ack(self) -> None:
-        """The end is committed: the keeper may forget the record and the cgroups."""
-        await self.keeper.call("ack", job=self.key[0], attempt=self.key[1])
+    async def ack(self, *, answered: bool = True) -> None:
+        """The end is committed: the keeper may forget the record and the cgroups. With
+        answered=False the answer is not waited for (a record left unacknowledged is
+        served again to the next attach, and acknowledged then)."""
+        if answered:
+            await self.keeper.call("ack", job=self.key[0], attempt=self.key[1])
+        else:
+            await self.keeper.tell("ack", job=self.key[0], attempt=self.key[1])
 
 
 @dataclass
@@ -185,13 +189,11 @@ class Keeper:
         rid, done = self._next, anyio.Event()
         box: list[dict[str, Any]] = []
         self._replies[rid] = (done, box)
-        line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
         try:
-            async with self._send_lock:
-                await self.stream.send(line.encode())
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            await self._send(rid, op, fields)
+        except KeeperGone:
             self._replies.pop(rid, None)
-            raise KeeperGone(f"keeper {self.name}: {exc!r}") from None
+            raise
         await done.wait()
         if not box:
             raise KeeperGone(f"keeper {self.name} went away before it answered")
@@ -200,6 +202,22 @@ class Keeper:
             error = answer.get("error") or {}
             raise KeeperError(str(error.get("code")), str(error.get("message")))
         return answer
+
+    async def tell(self, op: str, **fields: Any) -> None:
+        """A request whose answer nobody waits for: its id is not kept, so the answer is
+        dropped when it comes."""
+        if self.gone:
+            raise KeeperGone(f"keeper {self.name} is gone")
+        self._next += 1
+        await self._send(self._next, op, fields)
+
+    async def _send(self, rid: int, op: str, fields: dict[str, Any]) -> None:
+        line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
+        try:
+            async with self._send_lock:
+                await self.stream.send(line.encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise KeeperGone(f"keeper {self.name}: {exc!r}") from None
 
     async def ended(self, key: Key) -> Record:
         while key not in self._ended:
@@ -349,48 +367,6 @@ class Keepers:
                 await keeper.call("shutdown")
             except (KeeperError, KeeperGone):
                 continue
-
-
-def abandon(state_dir: Path) -> None:
-    """Kill every keeper of `state_dir` and every job they hold, and remove their cgroups:
-    for whoever throws a whole state dir away (the benchmark, tests). A daemon never
-    calls this: its keepers are meant to outlive it."""
-    from supervisor.daemon.cgroups import keeper_roots
-    from supervisor.keeper import cgroup
-
-    # By their command line, not their sockets: a keeper that a killed daemon was still
-    # launching has no socket yet, and would come up after we looked. Look until two
-    # looks a little apart find none.
-    quiet = 0
-    deadline = time.monotonic() + 10.0
-    while quiet < 2 and time.monotonic() < deadline:
-        found = keeper_processes(state_dir / "keepers")
-        for proc in found:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(found, timeout=5.0)
-        quiet = 0 if found else quiet + 1
-        time.sleep(0.1)
-    for base in keeper_roots(cgroup_tag(state_dir)):
-        if base is None or not base.exists():
-            continue
-        for keeper_root in (p for p in base.glob("keeper-*") if p.is_dir()):
-            for group in (p for p in keeper_root.glob("job-*") if p.is_dir()):
-                cgroup.empty_out(group)
-                group.rmdir()
-            keeper_root.rmdir()
-        base.rmdir()
-
-
-def keeper_processes(root: Path) -> list[psutil.Process]:
-    """Keeper processes whose directory is under `root`."""
-    prefixes = tuple({f"{root}/", f"{root.resolve()}/"})
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "supervisor.keeper" in cmdline and any(a.startswith(prefixes) for a in cmdline):
-            found.append(proc)
-    return found
 
 
 def _spawn_fields(spec: Spec) -> dict[str, Any]:

@@ -202,7 +202,7 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
 def _kill_keepers(d: Daemon) -> None:
     """Keepers outlive their daemon by design: a test's die with it, with their jobs."""
-    from supervisor.daemon.keepers import abandon
+    from supervisor.daemon.keeper_procs import abandon
 
     abandon(d.state)
 
