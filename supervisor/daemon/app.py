@@ -44,6 +44,7 @@ from supervisor.daemon.startup import (
     parse_args,
     pidfd_child_watcher,
     record_previous_exit,
+    return_startup_memory,
 )
 from supervisor.daemon.store import Store, StoreOpenError
 from supervisor.daemon.systemd import (
@@ -259,6 +260,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
             parts.phase = Phase.SERVING
+            return_startup_memory()
             parts.notifier.ready()
             log.info(
                 "ready",

@@ -76,7 +76,7 @@ def pidfd_child_watcher() -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpusvd", description="gpusv job supervisor daemon")
-    p.add_argument("--version", action="version", version=f"gpusvd {_version()}")
+    p.add_argument("--version", action=_Version, help="show the version and exit")
     p.add_argument(
         "--config",
         type=Path,
@@ -95,6 +95,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class _Version(argparse.Action):
+    """--version, looked up only when asked for: importlib.metadata brings email, zipfile
+    and csv with it, megabytes that a running daemon would otherwise keep."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        print(f"gpusvd {_version()}")
+        parser.exit()
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -102,3 +115,13 @@ def _version() -> str:
         return version("gpusv")
     except PackageNotFoundError:
         return "unknown"
+
+
+def return_startup_memory() -> None:
+    """Hand the heap that start-up freed back to the kernel (glibc keeps it otherwise):
+    compiling and importing a few hundred modules leaves megabytes of free chunks that
+    the running daemon never reuses, and they would count in its RSS for good."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to return
+        ctypes.CDLL(None).malloc_trim(0)
