@@ -1,8 +1,12 @@
-"""The keeper's journal on a real file: replay, a torn last line, compaction."""
+"""The keeper's journal on a real file: replay, a torn last line, compaction, syncs."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+
+import pytest
 
 from supervisor.keeper.journal import Journal, Record
 
@@ -52,3 +56,52 @@ def test_compaction_keeps_only_live_records(tmp_path: Path) -> None:
     journal.close()
     assert sorted(Journal(tmp_path / "journal").records) == [(42, 1), (100, 1)]
     assert not (tmp_path / "journal.tmp").exists()
+
+
+def test_a_start_is_written_at_once_but_only_exits_and_acks_ask_for_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start must be in the file (the page cache) before its job may run, not on disk:
+    it needs no fdatasync of its own and reaches the disk with the next one."""
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fdatasync", synced.append)
+    journal = Journal(tmp_path / "journal")
+    journal.append("start", _record(1))
+    assert b'"e":"start","job":1,"attempt":1,"pid":1001' in (tmp_path / "journal").read_bytes()
+    journal.sync()
+    assert synced == []
+    journal.append("start", _record(2))
+    journal.append("exit", journal.records[(1, 1)], ended_at=2.0, exit_code=0)
+    journal.sync()  # one sync for the turn, the start before it included
+    assert len(synced) == 1
+    journal.append("ack", journal.records[(1, 1)])
+    journal.sync()
+    assert len(synced) == 2
+    assert sorted(Journal(tmp_path / "journal").records) == [(2, 1)]
+
+
+def test_a_line_that_cannot_be_written_whole_is_cut_off_and_not_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path / "journal")
+    journal.append("start", _record(1))
+    before = (tmp_path / "journal").read_bytes()
+    real_write = os.write
+    calls: list[int] = []
+
+    def half_then_full(fd: int, data: bytes) -> int:  # a short write, then a full disk
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space"):
+        journal.append("start", _record(2))
+    monkeypatch.undo()
+    assert len(calls) == 2  # the rest of a short write was tried, not dropped
+    assert (tmp_path / "journal").read_bytes() == before
+    assert sorted(journal.records) == [(1, 1)]
+    journal.append("start", _record(3))  # the next line starts a line of its own
+    journal.close()
+    assert sorted(Journal(tmp_path / "journal").records) == [(1, 1), (3, 1)]

@@ -113,13 +113,15 @@ class Journal:
     def append(self, kind: str, record: Record, **extra: Any) -> None:
         """Write one line now, whole, or raise OSError with the file as it was. A start
         needs no sync (module docstring); any other line is durable after sync()."""
-        entry: dict[str, Any] = {"e": kind, "job": record.job, "attempt": record.attempt}
-        entry.update(record.to_json() if kind in ("start", "rec") else extra)
-        self._write(_encode(entry).encode() + b"\n")
-        self._apply(entry)
-        self.lines += 1
-        if kind != "start":
+        if kind == "start":
+            self._write(_encode({"e": kind, **record.to_json()}).encode() + b"\n")
+            self.records[record.key] = record  # what replay would build, without a copy
+        else:
+            entry = {"e": kind, "job": record.job, "attempt": record.attempt, **extra}
+            self._write(_encode(entry).encode() + b"\n")
+            self._apply(entry)
             self._dirty = True
+        self.lines += 1
 
     def _write(self, line: bytes) -> None:
         try:
