@@ -7,7 +7,6 @@ knows then that the socket answers. Exit 3: another keeper holds DIR (it serves)
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import fcntl
 import gc
@@ -15,6 +14,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import NamedTuple, NoReturn
 
 from .cgroup import Roots
 from .jobs import Jobs
@@ -60,14 +60,53 @@ def _offer_memory(root: Path) -> None:
             return
 
 
+USAGE = "usage: python -m supervisor.keeper DIR [--cgroup2 PATH] [--memcg PATH] [--detach]"
+
+
+class Args(NamedTuple):
+    dir: Path
+    cgroup2: Path | None  # make each job's unified cgroup here
+    memcg: Path | None  # make each job's v1 memory cgroup here
+    detach: bool
+
+
+def parse_args(argv: list[str]) -> Args:
+    """By hand, not argparse: argparse's help formatter brings shutil and three
+    compression libraries along, and every fork of the keeper copies their mappings."""
+    home: Path | None = None
+    roots: dict[str, Path] = {}
+    detach, rest = False, list(argv)
+    while rest:
+        word = rest.pop(0)
+        name, eq, value = word.partition("=")
+        if word in ("-h", "--help"):
+            print(USAGE)
+            sys.exit(0)
+        elif word == "--detach":
+            detach = True
+        elif name in ("--cgroup2", "--memcg"):
+            if not eq:
+                if not rest:
+                    _usage_error(f"{name}: expected one argument")
+                value = rest.pop(0)
+            roots[name] = Path(value)
+        elif word.startswith("-") or home is not None:
+            _usage_error(f"unrecognized arguments: {word}")
+        else:
+            home = Path(word)
+    if home is None:
+        _usage_error("the following arguments are required: dir")
+    return Args(home, roots.get("--cgroup2"), roots.get("--memcg"), detach)
+
+
+def _usage_error(message: str) -> NoReturn:
+    sys.stderr.write(f"{USAGE}\npython -m supervisor.keeper: error: {message}\n")
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m supervisor.keeper")
-    parser.add_argument("dir", type=Path)
-    parser.add_argument("--cgroup2", type=Path, help="make each job's unified cgroup here")
-    parser.add_argument("--memcg", type=Path, help="make each job's v1 memory cgroup here")
-    parser.add_argument("--detach", action="store_true")
-    args = parser.parse_args(argv)
-    home: Path = args.dir
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    home = args.dir
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -82,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 log_line(f"cannot make cgroup root {root}: {exc.strerror}")
     if args.cgroup2 is not None:
         _offer_memory(args.cgroup2)
-    roots = Roots(args.cgroup2, args.memcg)
+    roots = Roots(*(None if root is None else str(root) for root in (args.cgroup2, args.memcg)))
     if not become_subreaper():
         log_line("cannot become a child subreaper: orphans of jobs go to init")
     jobs = Jobs(Journal(home / "journal"), roots, log_line)

@@ -19,24 +19,25 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
+
+# Plain str paths: pathlib's objects cost more than the syscalls they name on the spawn
+# path. Functions called from outside (empty_out) still take a Path.
 
 
-@dataclass(frozen=True)
-class Roots:
+class Roots(NamedTuple):
     """Where job cgroups are made: directories the keeper may create children in."""
 
-    v2: Path | None = None
-    memcg: Path | None = None
+    v2: str | None = None
+    memcg: str | None = None
 
 
-@dataclass(frozen=True)
-class Groups:
+class Groups(NamedTuple):
     """The cgroups of one job; None where that kind could not be made."""
 
-    v2: Path | None = None
-    memcg: Path | None = None
+    v2: str | None = None
+    memcg: str | None = None
 
     @property
     def any(self) -> bool:
@@ -47,38 +48,53 @@ def name(job: int, attempt: int) -> str:
     return f"job-{job}-{attempt}"
 
 
+# Whether a v2 root hands its children the memory controller, by root, learnt from its
+# first job: the keeper sets that up at its start (__main__), so it holds for its life.
+_v2_memory: dict[str, bool] = {}
+
+
 def make(
     roots: Roots, job: int, attempt: int, mem_max: int | None, warn: Callable[[str], None]
 ) -> Groups:
     """The job's cgroups, empty and configured. A directory that exists already is left
     from a start whose keeper died before the command could run: what is in it dies."""
-    made: list[Path | None] = []
-    for root in (roots.v2, roots.memcg):
-        path = None if root is None else root / name(job, attempt)
-        if path is not None:
-            try:
-                path.mkdir()
-            except FileExistsError:
-                if not empty_out(path):
-                    warn(f"cgroup {path} cannot be emptied; this job runs without it")
-                    path = None
-            except OSError as exc:
-                warn(f"cannot make cgroup {path}: {exc.strerror}; jobs run without it")
-                path = None
-        made.append(path)
-    groups = Groups(made[0], made[1])
+    v2 = None if roots.v2 is None else _make(f"{roots.v2}/{name(job, attempt)}", warn)
+    memcg = None if roots.memcg is None else _make(f"{roots.memcg}/{name(job, attempt)}", warn)
+    groups = Groups(v2, memcg)
     _configure(groups, mem_max)
     return groups
 
 
+def _make(path: str, warn: Callable[[str], None]) -> str | None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not empty_out(path):
+            warn(f"cgroup {path} cannot be emptied; this job runs without it")
+            return None
+    except OSError as exc:
+        warn(f"cannot make cgroup {path}: {exc.strerror}; jobs run without it")
+        return None
+    return path
+
+
+def _has_memory(made: str) -> bool:
+    """From a cgroup just made: one that is gone would tell nothing about its root."""
+    root = made.rpartition("/")[0]
+    known = _v2_memory.get(root)
+    if known is None:
+        known = _v2_memory[root] = os.path.exists(f"{made}/memory.max")
+    return known
+
+
 def _configure(groups: Groups, mem_max: int | None) -> None:
-    if groups.v2 is not None and os.path.exists(f"{groups.v2}/memory.max"):
+    if groups.v2 is not None and _has_memory(groups.v2):
         # Where the kernel OOM-kills inside the job, the whole job goes, not a part of it.
-        _write(groups.v2 / "memory.oom.group", "1")
+        _write(f"{groups.v2}/memory.oom.group", "1")
         if mem_max is not None:
-            _write(groups.v2 / "memory.max", str(mem_max))
+            _write(f"{groups.v2}/memory.max", str(mem_max))
     elif groups.memcg is not None and mem_max is not None:
-        _write(groups.memcg / "memory.limit_in_bytes", str(mem_max))
+        _write(f"{groups.memcg}/memory.limit_in_bytes", str(mem_max))
 
 
 def join_fds(groups: Groups) -> list[int]:
@@ -122,9 +138,9 @@ def kill_all(groups: Groups) -> None:
     signal_all(groups, signal.SIGKILL)
 
 
-def empty_out(path: Path, timeout_s: float = 5.0) -> bool:
+def empty_out(path: str | Path, timeout_s: float = 5.0) -> bool:
     """Kill what a cgroup holds and wait until it is empty."""
-    groups = Groups(v2=path)
+    groups = Groups(v2=str(path))
     deadline = time.monotonic() + timeout_s
     while pids(groups):
         if time.monotonic() > deadline:
@@ -137,8 +153,11 @@ def empty_out(path: Path, timeout_s: float = 5.0) -> bool:
 def memory(groups: Groups) -> tuple[int | None, int | None]:
     """(peak bytes, OOM kills) of the job: the kernel's own counts for its cgroup."""
     peak = oom = None
+    v2 = groups.v2  # skipped where its root is known to lack the memory controller
+    if v2 is not None and not _v2_memory.get(v2.rpartition("/")[0], True):
+        v2 = None
     for path, peak_file, oom_file in (
-        (groups.v2, "memory.peak", "memory.events"),
+        (v2, "memory.peak", "memory.events"),
         (groups.memcg, "memory.max_usage_in_bytes", "memory.oom_control"),
     ):
         if path is None:
@@ -168,7 +187,7 @@ def remove(groups: Groups) -> bool:
         if path is None:
             continue
         try:
-            path.rmdir()
+            os.rmdir(path)
         except FileNotFoundError:
             pass
         except OSError as exc:

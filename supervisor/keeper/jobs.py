@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import cgroup, spawn
@@ -24,6 +24,7 @@ from .journal import Journal, Key, Record
 
 Reply = Callable[[dict[str, Any]], None]  # answers one request (ok fields or an error)
 KILL_POLL_S = 0.02
+EXEC_WAIT_S = 0.005  # the most one spawn holds the loop for, waiting for its exec
 
 
 class Refused(Exception):
@@ -70,10 +71,7 @@ class Jobs:
 
     @staticmethod
     def groups(record: Record) -> cgroup.Groups:
-        return cgroup.Groups(
-            Path(record.cgroup) if record.cgroup else None,
-            Path(record.memcg) if record.memcg else None,
-        )
+        return cgroup.Groups(record.cgroup or None, record.memcg or None)
 
     # -- start ------------------------------------------------------------------------
 
@@ -95,8 +93,8 @@ class Jobs:
             forked.pid,
             spawn.start_ticks(forked.pid) or 0,
             time.time(),
-            str(groups.v2) if groups.v2 else None,
-            str(groups.memcg) if groups.memcg else None,
+            groups.v2,
+            groups.memcg,
         )
         try:
             self.journal.append("start", record)
@@ -105,11 +103,16 @@ class Jobs:
             os.close(forked.status)
             self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
             raise Refused("spawn", f"cannot record the start: {exc.strerror}") from None
-        # Written is enough (module docstring); opened at once, the child execs sooner and
-        # the keeper copies fewer of its pages that the child still shares.
+        # Written is enough (module docstring). Until the child execs, each page the keeper
+        # writes is copied for it: so the gate opens at once, and the keeper waits a
+        # little, writing nothing, for the exec (most children take well under a ms).
+        # One that takes longer (a slow cwd) is watched from the loop instead.
         _open_gate(forked.gate)
+        execed = select.select([forked.status], [], [], EXEC_WAIT_S)[0]
         live = Live(os.pidfd_open(forked.pid), forked.status, reply)
         self.live[key] = live
+        if execed:
+            self.exec_outcome(key)
         return live
 
     def exec_outcome(self, key: Key) -> None:
@@ -120,7 +123,7 @@ class Jobs:
         self.unwatch(live.status_fd)
         os.close(live.status_fd)
         live.status_fd = None
-        if data:  # answered once the child's exit is on disk: see reap()
+        if data:  # answered once the child's exit is on disk: _ended()
             live.error = data.decode(errors="replace")
         elif live.spawn_reply is not None:
             live.spawn_reply({"job": self.journal.records[key].to_json()})
@@ -128,15 +131,25 @@ class Jobs:
 
     # -- exit -------------------------------------------------------------------------
 
-    def reap(self, key: Key) -> bool:
-        """Collect the leader's status if it exited; True if it did."""
+    def reap_all(self) -> None:
+        """A leader's pidfd or SIGCHLD: collect every exited child in one pass, leaders
+        recorded; the rest are orphans of jobs re-parented to us (we are a subreaper)."""
+        leaders: dict[int, Key] | None = None
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if leaders is None:
+                leaders = {self.journal.records[key].pid: key for key in self.live}
+            key = leaders.get(pid)
+            if key is not None:
+                self._ended(key, status)
+
+    def _ended(self, key: Key, status: int) -> None:
         record, live = self.journal.records[key], self.live[key]
-        try:
-            pid, status = os.waitpid(record.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid, status = record.pid, -1  # reaped elsewhere: should not happen
-        if pid == 0:
-            return False
         if live.status_fd is not None:
             self.exec_outcome(key)  # the pipe is closed or holds the reason by now
         self.unwatch(live.pidfd)
@@ -144,15 +157,13 @@ class Jobs:
         del self.live[key]
         groups = self.groups(record)
         peak, oom = cgroup.memory(groups)
-        code = os.WEXITSTATUS(status) if status >= 0 and os.WIFEXITED(status) else None
-        sig = os.WTERMSIG(status) if status >= 0 and os.WIFSIGNALED(status) else None
         self.journal.append(
             "exit",
             record,
             ended_at=time.time(),
-            wait_status=status if status >= 0 else None,
-            exit_code=code,
-            signal=sig,
+            wait_status=status,
+            exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             error=live.error or None,
             peak_bytes=peak,
             oom_kills=oom,
@@ -162,23 +173,6 @@ class Jobs:
         if reply is not None and error:
             self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
         self.after_sync.append(lambda: self.on_exit(record))
-        return True
-
-    def reap_orphans(self) -> None:
-        """SIGCHLD: collect every exited child at once, leaders through reap(); the rest
-        are orphans of jobs that were re-parented to us (we are a subreaper)."""
-        leaders = {self.journal.records[key].pid: key for key in self.live}
-        while True:
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return
-            if info is None or info.si_pid == 0:
-                return
-            if info.si_pid in leaders:
-                self.reap(leaders.pop(info.si_pid))
-            else:
-                os.waitpid(info.si_pid, os.WNOHANG)
 
     # -- kill -------------------------------------------------------------------------
 
@@ -250,10 +244,10 @@ class Jobs:
 
     @staticmethod
     def _remove(groups: cgroup.Groups) -> bool:
-        if cgroup.pids(groups):  # the attempt is over: nothing of it may run on
-            cgroup.kill_all(groups)
-            return False
-        return cgroup.remove(groups)
+        if cgroup.remove(groups):  # an empty cgroup goes at once, without a look inside
+            return True
+        cgroup.kill_all(groups)  # the attempt is over: nothing of it may run on
+        return False
 
     # -- a running job's processes -------------------------------------------------
 
@@ -300,7 +294,7 @@ class Jobs:
             groups = self.groups(record)
             if groups.any:
                 for path in (groups.v2, groups.memcg):
-                    if path is not None and path.exists():
+                    if path is not None and os.path.exists(path):
                         cgroup.empty_out(path)
             elif spawn.start_ticks(record.pid) == record.start_ticks:
                 self._signal(record, signal.SIGKILL)
@@ -317,12 +311,13 @@ class Jobs:
         child never ran its command. Empty and remove them."""
         known = {cgroup.name(*key) for key in self.journal.records}
         for root in (self.roots.v2, self.roots.memcg):
-            if root is None or not root.is_dir():
+            if root is None or not os.path.isdir(root):
                 continue
-            for path in root.glob("job-*-*"):
-                if path.is_dir() and path.name not in known:
-                    cgroup.empty_out(path)
-                    cgroup.remove(cgroup.Groups(path))
+            for entry in os.scandir(root):
+                job = entry.name.startswith("job-") and "-" in entry.name[4:]
+                if job and entry.is_dir() and entry.name not in known:
+                    cgroup.empty_out(entry.path)
+                    cgroup.remove(cgroup.Groups(entry.path))
 
 
 def _open_gate(gate: int) -> None:

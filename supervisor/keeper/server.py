@@ -27,6 +27,7 @@ from .journal import Key, Record
 
 MAX_LINE = 1024 * 1024
 MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
+REAP_RETRY_S = 1.0
 
 
 class Conn:
@@ -35,6 +36,8 @@ class Conn:
         self.inbox = b""
         self.outbox = b""
         self.closed = False
+        self.writing = False  # registered for EVENT_WRITE: the outbox waits on the peer
+        self.ready: Callable[[], None] = lambda: None  # the selector's callback
 
 
 class Server:
@@ -46,6 +49,7 @@ class Server:
         self.attached: Conn | None = None
         self.conns: set[Conn] = set()
         self.stopping = False
+        self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
         listener.setblocking(False)
@@ -64,11 +68,21 @@ class Server:
         while not (self.stopping and not self._pending_output()):
             for key, _ in self.sel.select(timeout):
                 self._guarded(key.data)
-            self._guarded(self.jobs.reap_orphans)
+            if self.reap_due:
+                self._guarded(self._reap)
             self._guarded(self._sync)
             timeout = self.jobs.tick()
+            if self.reap_due:  # the pass failed: try again soon, not only at the next child
+                timeout = REAP_RETRY_S if timeout is None else min(timeout, REAP_RETRY_S)
             if self.stopping:
                 timeout = 0.01
+
+    def _reap_soon(self) -> None:
+        self.reap_due = True
+
+    def _reap(self) -> None:
+        self.jobs.reap_all()
+        self.reap_due = False
 
     def _guarded(self, action: Callable[[], None]) -> None:
         try:
@@ -85,11 +99,11 @@ class Server:
 
     def _sigchld(self, fd: int) -> None:
         try:
-            while os.read(fd, 512):
+            while len(os.read(fd, 512)) == 512:  # less: the pipe is empty now
                 pass
         except BlockingIOError:
             pass
-        self.jobs.reap_orphans()
+        self.reap_due = True
 
     # -- connections ------------------------------------------------------------------
 
@@ -113,8 +127,9 @@ class Server:
             return
         sock.setblocking(False)
         conn = Conn(sock)
+        conn.ready = lambda: self._ready(conn)
         self.conns.add(conn)
-        self.sel.register(sock, selectors.EVENT_READ, lambda: self._read(conn))
+        self.sel.register(sock, selectors.EVENT_READ, conn.ready)
 
     def _read(self, conn: Conn) -> None:
         try:
@@ -154,8 +169,10 @@ class Server:
         except OSError:
             self._close(conn)
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
-        self.sel.modify(conn.sock, events, lambda: self._ready(conn))
+        if conn.writing != bool(conn.outbox):  # else the registration is right already
+            conn.writing = bool(conn.outbox)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.writing else 0)
+            self.sel.modify(conn.sock, events, conn.ready)
 
     def _ready(self, conn: Conn) -> None:
         if conn.outbox:
@@ -218,8 +235,8 @@ class Server:
             if other is not conn:
                 self._close(other)
         self.attached = conn
-        # After this turn's sync: a start recorded in this same turn is listed only once
-        # it is on disk, so a new daemon never adopts a record a crash could still undo.
+        # After this turn's sync: an exit recorded in this same turn is listed only once
+        # it is on disk, as it would be reported. (A start needs only to be written.)
         self.jobs.after_sync.append(lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json()}))
 
     def _op_ping(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
@@ -235,18 +252,14 @@ class Server:
         spec = spawn.parse_spec(msg)
         live = self.jobs.spawn(spec, reply)
         key = (spec.job, spec.attempt)
-        self.sel.register(live.pidfd, selectors.EVENT_READ, lambda: self._leader(key))
-        assert live.status_fd is not None
-        self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
+        self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
+        if live.status_fd is not None:  # not exec'd yet: its outcome comes in the loop
+            self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
 
     def _status(self, key: Key) -> None:
         live = self.jobs.live.get(key)
         if live is not None and live.status_fd is not None:
             self.jobs.exec_outcome(key)
-
-    def _leader(self, key: Key) -> None:
-        if key in self.jobs.live:
-            self.jobs.reap(key)
 
     def _unwatch(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -310,8 +323,11 @@ def _err(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
+
+
 def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    return _encode(obj).encode() + b"\n"
 
 
 def log_line(message: str) -> None:

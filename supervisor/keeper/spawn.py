@@ -1,15 +1,19 @@
-"""Fork a job so that it cannot run its command before its start is on disk.
+"""Fork a job so that it cannot run its command before its start is in the journal.
 
 The child sets itself up (session, oom_score_adj, cgroups, output files, the user's
 ids, then the working directory entered as that user) and then blocks on a gate pipe.
-The keeper writes the start record (pid, start time, cgroups), syncs it, and only then
-opens the gate; a keeper that dies first closes the pipe, and the child exits without
-running anything. A status pipe, closed by exec, tells the keeper whether exec worked.
+The keeper writes the start record (pid, start time, cgroups) to the journal and then
+opens the gate at once: written (in the page cache) is enough, not synced, because the
+record must outlive a crash of the keeper or of gpusvd, which the page cache does, and a
+power loss that takes the record also ends the process it describes (recovery calls an
+attempt without a record `interrupted`, which is then right). The record reaches the
+disk with the journal's next sync. A keeper that dies before the record is written
+closes the pipe, and the child exits without running anything. A status pipe, closed
+by exec, tells the keeper whether exec worked.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 from dataclasses import dataclass
@@ -105,10 +109,30 @@ def open_log(path: str, uid: int | None, gid: int | None) -> int:
     a primary group is often shared, so not even the group may read it."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)  # also a file left by an older attempt
-    if uid is not None and os.geteuid() == 0:
-        os.fchown(fd, uid, gid if gid is not None else -1)
+    try:
+        # A file left by an older attempt (or a umask) may differ; a new one seldom does,
+        # and a look costs less than an inode change the filesystem must log.
+        st = os.fstat(fd)
+        if st.st_mode & 0o7777 != 0o600:
+            os.fchmod(fd, 0o600)
+        owner = st.st_uid == uid and (gid is None or st.st_gid == gid)
+        if uid is not None and not owner and os.geteuid() == 0:
+            os.fchown(fd, uid, gid if gid is not None else -1)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
+
+
+def _devnull() -> int:
+    """The job's stdin: opened once for the keeper's life (close-on-exec), not per job."""
+    global _DEVNULL
+    if _DEVNULL < 0:
+        _DEVNULL = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    return _DEVNULL
+
+
+_DEVNULL = -1
 
 
 def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
@@ -117,20 +141,22 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
     fds: list[int] = []
     gate_w = status_r = -1
     try:
-        fds.append(open_log(spec.stdout, spec.uid, spec.gid))
-        fds.append(open_log(spec.stderr, spec.uid, spec.gid))
-        fds.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        out = open_log(spec.stdout, spec.uid, spec.gid)
+        fds.append(out)
+        err = out  # one open file for both, as 2>&1 would: they append to one file
+        if spec.stderr != spec.stdout:
+            err = open_log(spec.stderr, spec.uid, spec.gid)
+            fds.append(err)
         joins = cgroup.join_fds(groups)
         fds.extend(joins)
         gate_r, gate_w = os.pipe()
         fds.append(gate_r)
         status_r, status_w = os.pipe()
         fds.append(status_w)
+        null = _devnull()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
-            os.close(gate_w)  # else the gate never reads EOF when the keeper dies
-            os.close(status_r)
-            _child(spec, fds[0], fds[1], fds[2], joins, gate_r, status_w)
+            _child(spec, out, err, null, joins, gate_r, status_w)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -147,7 +173,10 @@ def _child(
     spec: Spec, out: int, err: int, null: int, joins: list[int], gate: int, status: int
 ) -> None:  # pragma: no cover - runs between fork and exec
     """Never returns. Order matters: oom_score_adj and the cgroups while still
-    privileged, then the user's ids, then the cwd as that user, so root lends nothing."""
+    privileged, then the user's ids, then the cwd as that user, so root lends nothing.
+    Everything but the read of the gate comes before it: the keeper opens the gate as
+    soon as the start is written, and each moment this child lives on the keeper's
+    pages costs the keeper a copy of every page it writes meanwhile."""
     stage = "cannot start the job"
     try:
         signal.set_wakeup_fd(-1)
@@ -160,6 +189,10 @@ def _child(
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
+        # Nothing of the keeper's may reach the job, nor wait here with it: its descriptors
+        # are close-on-exec, but another child's gate held open in this one would outlive
+        # a keeper that died, and that child would wait for this one.
+        _close_all_but(min(gate, status), max(gate, status))
         if spec.uid is not None and spec.gid is not None:
             os.setgroups(list(spec.groups or ()))
             os.setresgid(spec.gid, spec.gid, spec.gid)
@@ -170,7 +203,6 @@ def _child(
         stage = "the keeper went away before the start was recorded"
         if os.read(gate, 1) != GO:
             os._exit(127)
-        _close_all_but(status)
         stage = "exec"
         os.execvpe(spec.argv[0], list(spec.argv), spec.env)
     except BaseException as exc:
@@ -209,27 +241,11 @@ def _why(stage: str, exe: str, exc: BaseException) -> str:
     return f"cannot start {exe[:80]}: {reason}"
 
 
-def _close_all_but(keep: int) -> None:  # pragma: no cover - in the child
-    """Nothing of the keeper's may reach the job; its descriptors are close-on-exec, but
-    a gate of another child held open here would outlive a keeper that died."""
-    if _CLOSE_RANGE is not None:
-        _CLOSE_RANGE(3, keep - 1, 0)
-        _CLOSE_RANGE(keep + 1, 0xFFFFFFFF, 0)
-    else:  # os.closerange closes one descriptor at a time: up to the limit, slowly
-        os.closerange(3, keep)
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-
-
-def _close_range() -> Any:
-    try:
-        function = ctypes.CDLL(None, use_errno=True).close_range  # glibc 2.34+
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.c_int)
-    return function
-
-
-_CLOSE_RANGE = _close_range()
+def _close_all_but(low: int, high: int) -> None:  # pragma: no cover - in the child
+    # os.closerange is one close_range(2) where the kernel has it (5.9+).
+    os.closerange(3, low)
+    os.closerange(low + 1, high)
+    os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
 
 
 def start_ticks(pid: int) -> int | None:

@@ -4,13 +4,17 @@ says whose job it killed, nothing is left a zombie, and no start runs unrecorded
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from supervisor.keeper import cgroup, spawn
+from supervisor.keeper import jobs as jobs_module
+from supervisor.keeper.journal import Journal
 
 from .keeper_fixture import MEMCG, alive, keeper, wait_for
 
@@ -115,7 +119,7 @@ def test_without_cgroups_the_session_and_the_tree_are_killed() -> None:
 
 
 def test_a_child_whose_start_was_never_recorded_never_runs_its_command(tmp_path: Path) -> None:
-    """The keeper died between the fork and the synced start record: the gate's pipe
+    """The keeper died between the fork and writing the start record: the gate's pipe
     closes, and the child exits without running anything."""
     marker = tmp_path / "ran"
     out = str(tmp_path / "out")
@@ -126,3 +130,32 @@ def test_a_child_whose_start_was_never_recorded_never_runs_its_command(tmp_path:
     _, status = os.waitpid(forked.pid, 0)
     assert os.WEXITSTATUS(status) == 127
     assert not marker.exists()
+
+
+def test_an_exec_slower_than_the_short_wait_is_answered_from_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper waits a few ms for the exec right after the gate; a child slower than
+    that is answered once its status pipe reads EOF, with the same record."""
+    monkeypatch.setattr(jobs_module, "EXEC_WAIT_S", 0.001)
+    marker, out = tmp_path / "ran", str(tmp_path / "out")
+    jobs = jobs_module.Jobs(Journal(tmp_path / "journal"), cgroup.Roots(), lambda _: None)
+    answers: list[dict[str, object]] = []
+    spec = spawn.Spec(1, 1, ("touch", str(marker)), "/", {"PATH": "/usr/bin:/bin"}, out, out)
+    us, real_read = os.getpid(), os.read
+
+    def slow_in_the_child(fd: int, n: int) -> bytes:  # the gate's read, as a slow setup
+        if os.getpid() != us:
+            time.sleep(0.3)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", slow_in_the_child)
+    live = jobs.spawn(spec, answers.append)
+    monkeypatch.setattr(os, "read", real_read)
+    assert live.status_fd is not None and answers == []
+    wait_for(lambda: select.select([live.status_fd], [], [], 0)[0], "the exec")
+    jobs.exec_outcome((1, 1))
+    assert answers == [{"job": jobs.journal.records[(1, 1)].to_json()}]
+    _, status = os.waitpid(jobs.journal.records[(1, 1)].pid, 0)
+    assert os.WEXITSTATUS(status) == 0 and marker.exists()
+    os.close(live.pidfd)
