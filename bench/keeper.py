@@ -1,10 +1,11 @@
 """Keepers alone, beside Task Spooler: `python -m bench.keeper [--jobs N] [--slots S]`.
 
 Measures what the execution layer costs without the daemon in front of it: one spawn
-answered (fork, start record synced, gate, exec), jobs/s of N trivial jobs kept S at a
-time through one keeper and through one keeper per slot pair, each keeper's CPU per job
-and RSS, and what starting one Python interpreter costs (the floor of a per-job shim
-written in Python). Job cgroups are made for real when running as root.
+answered (fork, output files opened, start record written, gate, exec), jobs/s of N
+trivial jobs kept S at a time through one keeper and through one keeper per slot pair,
+each keeper's CPU per job and RSS, and what starting one Python interpreter costs (the
+floor of a per-job shim written in Python). Job cgroups are made for real when running
+as root.
 """
 
 from __future__ import annotations

@@ -84,9 +84,10 @@ class Jobs:
             self.warn_once("no cgroup for jobs: their processes are found through the tree")
         try:
             forked = spawn.fork(spec, groups)
-        except OSError as exc:
+        except (OSError, spawn.SetupFailed) as exc:  # nothing ran; the cgroups are unused
             cgroup.remove(groups)
-            raise Refused("spawn", _open_failure(exc)) from None
+            message = str(exc) if isinstance(exc, spawn.SetupFailed) else _open_failure(exc)
+            raise Refused("spawn", message) from None
         record = Record(
             spec.job,
             spec.attempt,

@@ -22,6 +22,7 @@ from typing import Any
 from . import cgroup
 
 GO = b"g"
+READY = b"\0"  # on the status pipe: the output files are open (no message starts so)
 
 
 class BadRequest(ValueError):
@@ -135,18 +136,17 @@ def _devnull() -> int:
 _DEVNULL = -1
 
 
+class SetupFailed(Exception):
+    """The child could not open the job's output files: nothing ran. The reason."""
+
+
 def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
-    """Fork the job's child, which waits at the gate. Raises OSError (output files,
-    cgroup descriptors, fork) with nothing left behind."""
+    """Fork the job's child, which opens the job's output files, says so, and waits at
+    the gate. Raises OSError (cgroup descriptors, pipes, fork) or SetupFailed (output
+    files) with nothing left behind but a child on its way out, reaped as an orphan."""
     fds: list[int] = []
     gate_w = status_r = -1
     try:
-        out = open_log(spec.stdout, spec.uid, spec.gid)
-        fds.append(out)
-        err = out  # one open file for both, as 2>&1 would: they append to one file
-        if spec.stderr != spec.stdout:
-            err = open_log(spec.stderr, spec.uid, spec.gid)
-            fds.append(err)
         joins = cgroup.join_fds(groups)
         fds.extend(joins)
         gate_r, gate_w = os.pipe()
@@ -156,7 +156,11 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
         null = _devnull()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
-            _child(spec, out, err, null, joins, gate_r, status_w)
+            _child(spec, null, joins, gate_r, status_w)
+        for fd in fds:
+            os.close(fd)
+        fds = []
+        _await_output(status_r)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -164,24 +168,36 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
             if fd >= 0:
                 os.close(fd)
         raise
-    for fd in fds:
-        os.close(fd)
     return Forked(pid, gate_w, status_r)
 
 
+def _await_output(status: int) -> None:
+    """The child creates the job's output files, not the keeper: on a busy filesystem a
+    new inode costs more than the rest of a spawn, and the keeper's loop is the one
+    thread every job shares. It waits for them as it waited for its own open() before,
+    so no spawn takes longer than it did; no record exists until they are open."""
+    first = os.read(status, 1)
+    if first != READY:
+        rest = os.read(status, 4096) if first else b""
+        message = (first + rest).decode(errors="replace")
+        raise SetupFailed(message or "cannot start the job: it died before its output opened")
+
+
 def _child(
-    spec: Spec, out: int, err: int, null: int, joins: list[int], gate: int, status: int
+    spec: Spec, null: int, joins: list[int], gate: int, status: int
 ) -> None:  # pragma: no cover - runs between fork and exec
-    """Never returns. Order matters: oom_score_adj and the cgroups while still
-    privileged, then the user's ids, then the cwd as that user, so root lends nothing.
-    Everything but the read of the gate comes before it: the keeper opens the gate as
-    soon as the start is written, and each moment this child lives on the keeper's
-    pages costs the keeper a copy of every page it writes meanwhile."""
+    """Never returns. Order matters: the output files first (the keeper waits for them,
+    _await_output), oom_score_adj and the cgroups while still privileged, then the
+    user's ids, then the cwd as that user, so root lends nothing. Everything but the
+    read of the gate comes before it: the keeper opens the gate as soon as the start is
+    written, and each moment this child lives on the keeper's pages costs the keeper a
+    copy of every page it writes meanwhile."""
     stage = "cannot start the job"
     try:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        out, err = _open_output(spec, status)
         os.setsid()
         _own_oom_score_adj(spec.oom_score_adj)
         for fd in joins:
@@ -215,6 +231,20 @@ def _child(
         finally:
             os._exit(127)
     os._exit(127)
+
+
+def _open_output(spec: Spec, status: int) -> tuple[int, int]:  # pragma: no cover - child
+    """Still root here: the files are made private to the job's user (open_log)."""
+    try:
+        out = open_log(spec.stdout, spec.uid, spec.gid)
+        # One open file for both when they are one path, as 2>&1 would: both append.
+        err = out if spec.stderr == spec.stdout else open_log(spec.stderr, spec.uid, spec.gid)
+    except OSError as exc:
+        where = f"cannot open {exc.filename}" if exc.filename else "cannot open the output"
+        os.write(status, f"{where}: {exc.strerror}".encode(errors="replace"))
+        os._exit(127)
+    os.write(status, READY)
+    return out, err
 
 
 def _own_oom_score_adj(value: int | None) -> None:  # pragma: no cover - in the child

@@ -187,3 +187,17 @@ def test_jobs_of_a_keeper_that_died_are_killed_and_recorded_lost() -> None:
         assert lost["lost"] is True and lost["ended_at"] is not None
         assert lost["pid"] == record["pid"]
         assert not any(alive(pid) for pid in pids)
+
+
+def test_output_that_cannot_be_opened_is_refused_with_no_record() -> None:
+    """The child opens the job's output (the keeper waits for it): a failure is the
+    spawn's answer, and nothing is recorded, started or left in a cgroup."""
+    with keeper() as k:
+        conn = k.connect()
+        bad = k.job(1, ["true"], stdout="/nonexistent/out", stderr="/nonexistent/out")
+        with pytest.raises(KeeperError, match="cannot open /nonexistent/out: No such file"):
+            conn.call("spawn", **bad)
+        assert conn.call("list")["jobs"] == []
+        assert k.v2 is not None and not (k.v2 / "job-1-1").exists()
+        conn.call("spawn", **k.job(1, ["true"]))  # the attempt may still start
+        assert _exit_event(conn)["exit_code"] == 0
