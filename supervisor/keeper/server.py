@@ -253,8 +253,8 @@ class Server:
         live = self.jobs.spawn(spec, reply)
         key = (spec.job, spec.attempt)
         self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
-        if live.status_fd is not None:  # not exec'd yet: its outcome comes in the loop
-            self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
+        assert live.status_fd is not None
+        self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
 
     def _status(self, key: Key) -> None:
         live = self.jobs.live.get(key)
