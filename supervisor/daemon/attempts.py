@@ -215,6 +215,7 @@ class Runner:
             handle = await self.keepers.spawn(keeper_name(order.cards), spec)
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
+            await self.keepers.forget(keeper_name(order.cards), (job_id, n))
             return
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
         p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec

@@ -339,6 +339,15 @@ class Keepers:
             raise SpawnError(f"keeper {name} unavailable: {exc}") from None
         return KeptProcess(keeper, record_from(answer["job"]))
 
+    async def forget(self, name: str, key: Key) -> None:
+        """Let the keeper drop a record whose end is committed here, if it holds one: an
+        exec that failed leaves one, with no process to watch (its answer is not needed:
+        a record still held is served again at the next attach)."""
+        keeper = self.keepers.get(name)
+        if keeper is not None and not keeper.gone:
+            with contextlib.suppress(KeeperGone):
+                await keeper.tell("ack", job=key[0], attempt=key[1])
+
     def adopt(self, keeper: Keeper, record: Record) -> KeptProcess:
         """A record from `ensure` (a job started by an earlier gpusvd) as a process."""
         return KeptProcess(keeper, record)

@@ -8,11 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+
+from supervisor.keeper.client import Connection
 
 from .conftest import Daemon
 
@@ -102,6 +105,20 @@ def test_missing_executable_is_spawn_failed_and_not_retried(daemon: Daemon) -> N
     assert len(done["attempts"]) == 1
     assert "not found" in done["attempts"][0]["evidence"]["message"]
     assert daemon.call({"type": "ping"})["ok"]
+
+    def held_by_keepers() -> list[object]:
+        held = []
+        for sock in (daemon.state / "keepers").glob("*/sock"):
+            with Connection(sock) as conn:
+                held += [r for r in conn.call("list")["jobs"] if r["job"] == job]
+        return held
+
+    # The failed exec left a record in its keeper; the daemon let it go once the end
+    # was committed (a record kept would be served to every later attach).
+    deadline = time.monotonic() + 10
+    while held_by_keepers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held_by_keepers() == []
 
 
 def test_ordinary_failures_use_their_budget_then_fail(daemon: Daemon) -> None:
