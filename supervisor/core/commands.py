@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from supervisor.core.admission import Hold, Start
@@ -20,7 +21,7 @@ class Now:
     wall: float  # epoch seconds: stamps and retry backoff
     mono: float  # monotonic seconds: how long a job has been held
 
-    @property
+    @cached_property  # a step stamps many rows with the same moment
     def iso(self) -> str:
         stamp = datetime.fromtimestamp(self.wall, UTC).isoformat(timespec="milliseconds")
         return stamp.replace("+00:00", "Z")
