@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -289,9 +291,27 @@ STUBBORN_HOG = (
 )
 
 
+@contextlib.contextmanager
+def host_memory_to_ourselves() -> Iterator[None]:
+    """Held across every copy of the suite on this machine (a lock file in /tmp): a test
+    that sets its squeeze line from the host's MemAvailable and then moves it by GiBs
+    must not overlap another copy of itself, whose hog would move the same figure."""
+    with open(Path(tempfile.gettempdir()) / "gpusv-tests-host-memory.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def test_the_squeeze_guard_waits_for_its_victim_instead_of_stopping_one_job_per_pass(
     make_daemon: Callable[..., Daemon],
 ) -> None:
+    with host_memory_to_ourselves():
+        _squeeze_guard_waits_for_its_victim(make_daemon)
+
+
+def _squeeze_guard_waits_for_its_victim(make_daemon: Callable[..., Daemon]) -> None:
     # The line sits 1500 MiB under MemAvailable now: the 3000 MiB hog alone crosses it,
     # and stopping the hog alone brings the machine back over it. The hog outlives
     # SIGTERM for the 3 s grace, some 30 sampler passes: none of them may stop another.
