@@ -7,8 +7,11 @@ import argparse
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
+import anyio
 import pytest
 
 from supervisor.client import parser as cli_parser
@@ -243,6 +246,28 @@ def test_retention_deletes_only_old_logs_of_finished_jobs(tmp_path: Path) -> Non
     ]
     assert joblogs.expired(files, {3}, now, 50) == [tmp_path / "1.out"]
     assert joblogs.expired(files, set(), now, 0) == []
+
+
+async def test_a_sweep_that_fails_is_tried_again_and_the_task_lives_on(tmp_path: Path) -> None:
+    logs_dir, real = tmp_path / "logs", tmp_path / "real"
+    (tmp_path / "a-file").write_text("")
+    logs_dir.symlink_to(tmp_path / "a-file")  # not a directory: scandir fails (as on EMFILE)
+    cfg = SimpleNamespace(state_dir=tmp_path, logs=SimpleNamespace(retention=60.0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            partial(joblogs.retention_task, cfg, set, every_s=3600, retry_s=0.01)  # type: ignore[arg-type]
+        )
+        await anyio.sleep(0.1)  # several failed sweeps: the task is still there
+        real.mkdir()
+        old = real / "7.out"
+        old.write_text("done")
+        os.utime(old, (1, 1))
+        (tmp_path / "next").symlink_to(real)
+        (tmp_path / "next").replace(logs_dir)  # at once, with the old log in it
+        with anyio.fail_after(10):
+            while old.exists():
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(

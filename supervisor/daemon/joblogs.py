@@ -202,11 +202,22 @@ def sweep(logs_dir: Path, active: set[int], now: float, retention_s: float) -> i
     return len(gone)
 
 
-async def retention_task(cfg: Config, active: Callable[[], set[int]]) -> None:
-    """Delete finished jobs' logs older than logs.retention, at start and then hourly."""
+async def retention_task(
+    cfg: Config, active: Callable[[], set[int]], *, every_s: float = 3600, retry_s: float = 60
+) -> None:
+    """Delete finished jobs' logs older than logs.retention, at start and then hourly. A
+    sweep that fails (no descriptor left, the directory unreadable) is tried again
+    later: a housekeeping chore must never take the daemon down."""
     logs_dir, retention_s = cfg.state_dir / "logs", cfg.logs.retention
     while True:
-        gone = await anyio.to_thread.run_sync(sweep, logs_dir, active(), time.time(), retention_s)
+        try:
+            gone = await anyio.to_thread.run_sync(
+                sweep, logs_dir, active(), time.time(), retention_s
+            )
+        except OSError as exc:
+            log.warning("old job logs not swept; trying again", error=str(exc), in_s=retry_s)
+            await anyio.sleep(retry_s)
+            continue
         if gone:
             log.info("old job logs deleted", files=gone)
-        await anyio.sleep(3600)
+        await anyio.sleep(every_s)
