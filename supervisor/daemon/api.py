@@ -27,6 +27,7 @@ from supervisor.daemon.server import Peer
 from supervisor.daemon.store import StorageError
 from supervisor.daemon.submit_specs import job_specs
 from supervisor.daemon.verbs import Verbs
+from supervisor.daemon.waiting import Ends
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
     ArrayRef,
@@ -78,8 +79,7 @@ class Api:
         self.dispatcher = dispatcher
         self.draining: Callable[[], bool] = lambda: dispatcher.draining
         self.live_rss = live_rss
-        self.waiters: dict[int, list[anyio.Event]] = {}
-        self.ended: dict[int, Job] = {}  # a waited-for job's end, as the engine published it
+        self.ends = Ends()
         self.starting: dict[int, list[anyio.Event]] = {}
         broker.subscribe(Changed, self._changed)
         broker.subscribe(ProcessStarted, lambda ev: self._wake(self.starting, ev.job_id))
@@ -93,9 +93,7 @@ class Api:
 
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:
-            if ev.new.id in self.waiters:  # read by wait() at once: no store read per job
-                self.ended[ev.new.id] = ev.new
-            self._wake(self.waiters, ev.new.id)
+            self.ends.changed(ev.new)
             self._wake(self.starting, ev.new.id)
 
     @staticmethod
@@ -377,13 +375,7 @@ class Api:
             for job_id in req.ids:
                 job = await self._job(job_id)
                 while not job.state.terminal:
-                    event = anyio.Event()
-                    self.waiters.setdefault(job_id, []).append(event)
-                    try:
-                        await event.wait()
-                    finally:
-                        ended = self.ended.pop(job_id, None)
-                    job = ended or await self._job(job_id)
+                    job = await self.ends.until_ended(job_id) or await self._job(job_id)
                 view = self.job_view(job)
                 done.append(view if self.access.may_act(peer, job) else views.public_view(view))
             return {"ok": True, "jobs": done, "timed_out": False}
