@@ -73,10 +73,13 @@ class Jobs:
 
     # -- start ------------------------------------------------------------------------
 
+    def refuse_started(self, key: Key) -> None:
+        if key in self.journal.records:
+            raise Refused("exists", f"job {key[0]} attempt {key[1]} was started already")
+
     def spawn(self, spec: spawn.Spec, reply: Reply) -> Live:
         key = (spec.job, spec.attempt)
-        if key in self.journal.records:
-            raise Refused("exists", f"job {spec.job} attempt {spec.attempt} was started already")
+        self.refuse_started(key)
         groups = cgroup.make(self.roots, spec.job, spec.attempt, spec.mem_max, self.warn_once)
         if not groups.any:
             self.warn_once("no cgroup for jobs: their processes are found through the tree")

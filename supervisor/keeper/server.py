@@ -5,11 +5,16 @@ Requests: {"id": N, "op": ..., ...}; each is answered {"id": N, "ok": true, ...}
 answered once exec's outcome is known, a kill once the job is gone). The attached
 connection also gets {"event": "exit", "job": {...}} for every exit, after its record is
 synced. A malformed line is answered with an error and logged; it never costs a job.
+
+A spawn with `after` naming a running attempt is parked here, in memory, until that
+attempt's exit is recorded, and dropped with the connection that sent it: a spawn that
+was never recorded has never run, and recovery relies on that (docs/keepers.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import selectors
@@ -19,13 +24,17 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from . import spawn
-from .jobs import Jobs, Refused
+from .jobs import Jobs, Refused, Reply
 from .journal import Key, Record
 
 MAX_LINE = 1024 * 1024
+# What this keeper does beyond the first protocol. Keepers outlive an upgrade of gpusvd, so
+# a newer gpusvd may find an older keeper, and asks only for what that one announced.
+FEATURES = ["after"]
 MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
 REAP_RETRY_S = 1.0
 
@@ -40,6 +49,16 @@ class Conn:
         self.ready: Callable[[], None] = lambda: None  # the selector's callback
 
 
+@dataclass
+class Parked:
+    """A spawn, validated, that starts once the attempt `after` has ended."""
+
+    spec: spawn.Spec
+    after: Key
+    conn: Conn  # it goes with this connection
+    reply: Reply
+
+
 class Server:
     def __init__(self, jobs: Jobs, listener: socket.socket, log: Callable[[str], None]) -> None:
         self.jobs = jobs
@@ -48,6 +67,7 @@ class Server:
         self.sel = selectors.DefaultSelector()
         self.attached: Conn | None = None
         self.conns: set[Conn] = set()
+        self.parked: dict[Key, Parked] = {}  # in arrival order, which is their start order
         self.stopping = False
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
         jobs.on_exit = self._exited
@@ -187,6 +207,11 @@ class Server:
         self.conns.discard(conn)
         if self.attached is conn:
             self.attached = None
+        # Nobody is left to be told of these, and a daemon that attaches later takes an
+        # attempt without a record for one that never started: it must never start.
+        for key in [key for key, parked in self.parked.items() if parked.conn is conn]:
+            del self.parked[key]
+            self.log(f"job {key[0]} attempt {key[1]}: its connection closed before it started")
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(conn.sock)
         conn.sock.close()
@@ -226,6 +251,18 @@ class Server:
     def _exited(self, record: Record) -> None:
         if self.attached is not None:
             self._send(self.attached, {"event": "exit", "job": record.to_json()})
+        # This turn, not the next: the slot the exit freed is not left idle for a turn.
+        for key, parked in list(self.parked.items()):
+            # One answered at once may close its connection, dropping the ones after it.
+            if parked.after == record.key and self.parked.get(key) is parked:
+                del self.parked[key]
+                self._guarded(functools.partial(self._start_parked, parked))
+
+    def _start_parked(self, parked: Parked) -> None:
+        try:
+            self._start(parked.spec, parked.reply)
+        except Refused as exc:  # answered as _request answers a spawn refused at once
+            parked.reply({"error": _err(exc.code, str(exc))})
 
     def _op_attach(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
         """A new gpusvd takes over. Connections opened before it are closed, so a spawn
@@ -237,10 +274,12 @@ class Server:
         self.attached = conn
         # After this turn's sync: an exit recorded in this same turn is listed only once
         # it is on disk, as it would be reported. (A start needs only to be written.)
-        self.jobs.after_sync.append(lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json()}))
+        self.jobs.after_sync.append(
+            lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json(), "features": FEATURES})
+        )
 
     def _op_ping(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
-        reply({"pid": os.getpid()})
+        reply({"pid": os.getpid(), "features": FEATURES})
 
     def _op_list(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
         self.jobs.after_sync.append(lambda: reply({"jobs": self._jobs_json()}))
@@ -250,6 +289,18 @@ class Server:
 
     def _op_spawn(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
         spec = spawn.parse_spec(msg)
+        after = spawn.parse_after(msg)
+        key = (spec.job, spec.attempt)
+        if key in self.parked:
+            raise Refused("exists", f"job {key[0]} attempt {key[1]} waits to start already")
+        self.jobs.refuse_started(key)  # refused now, not once it is its turn
+        before = None if after is None else self.jobs.journal.records.get(after)
+        if before is not None and not before.ended:
+            self.parked[key] = Parked(spec, before.key, conn, reply)
+            return
+        self._start(spec, reply)
+
+    def _start(self, spec: spawn.Spec, reply: Reply) -> None:
         live = self.jobs.spawn(spec, reply)
         key = (spec.job, spec.attempt)
         self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
@@ -269,7 +320,13 @@ class Server:
         grace = msg.get("grace_s", 10.0)
         if not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
             raise spawn.BadRequest("grace_s: seconds from 0 to 86400")
-        self.jobs.kill(_key(msg), float(grace), reply)
+        key = _key(msg)
+        parked = self.parked.pop(key, None)
+        if parked is not None:  # nothing of it runs: gone at once
+            parked.reply({"error": _err("dropped", "dropped before it started")})
+            reply({})
+            return
+        self.jobs.kill(key, float(grace), reply)
 
     def _op_ack(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
         self.jobs.ack(_key(msg), reply)
@@ -288,9 +345,12 @@ class Server:
         reply({"peak_bytes": peak, "oom_kills": oom})
 
     def _op_shutdown(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
-        """Leave only when nothing is left to keep: no job, no unacknowledged exit."""
-        if self.jobs.journal.records:
-            raise Refused("busy", f"{len(self.jobs.journal.records)} attempts still kept")
+        """Leave only when nothing is left to keep: no job, no unacknowledged exit, no
+        spawn waiting for its turn."""
+        held, waiting = len(self.jobs.journal.records), len(self.parked)
+        if held or waiting:
+            also = f", {waiting} waiting to start" if waiting else ""
+            raise Refused("busy", f"{held} attempts still kept{also}")
         self.jobs.journal.compact()  # empty: the next daemon need not start us to look
         self.stopping = True
         reply({})
@@ -307,9 +367,6 @@ class Server:
         "memory": _op_memory,
         "shutdown": _op_shutdown,
     }
-
-
-Reply = Callable[[dict[str, Any]], None]
 
 
 def _key(msg: dict[str, Any]) -> Key:

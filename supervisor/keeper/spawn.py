@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cgroup
+from .journal import Key
 
 GO = b"g"
 READY = b"\0"  # on the status pipe: the output files are open (no message starts so)
@@ -81,6 +82,21 @@ def parse_spec(msg: dict[str, Any]) -> Spec:
         adj,
         _opt_int(msg, "mem_max", 1),
     )
+
+
+def parse_after(msg: dict[str, Any]) -> Key | None:
+    """`after`: the attempt this spawn must wait for, {"job": J, "attempt": N}, or None.
+    Exactly those two fields: a keeper that ignored one it did not know could start a
+    job sooner than it was asked to."""
+    after = msg.get("after")
+    if after is None:
+        return None
+    if not isinstance(after, dict) or set(after) != {"job", "attempt"}:
+        raise BadRequest('after: {"job": J, "attempt": N} or null')
+    job, attempt = after["job"], after["attempt"]
+    if type(job) is not int or type(attempt) is not int or job < 0 or attempt < 1:
+        raise BadRequest("after: job an integer >= 0, attempt an integer >= 1")
+    return (job, attempt)
 
 
 def _text(value: object) -> bool:

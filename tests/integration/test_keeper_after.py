@@ -1,0 +1,289 @@
+"""A spawn that waits for its predecessor (`after`): real keeper, real sockets, no daemon.
+
+A predecessor is held on a FIFO until the test releases it, so nothing here waits for a
+time to pass: every wait is for a message, a file or a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from supervisor.keeper.client import Connection, KeeperError
+
+from .keeper_fixture import Keeper, alive, keeper, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups and other users need root"),
+]
+
+Message = dict[str, Any]
+AFTER_1 = {"job": 1, "attempt": 1}
+DROPPED = {"code": "dropped", "message": "dropped before it started"}
+
+
+def _held(k: Keeper, name: str) -> tuple[list[str], Callable[[], object]]:
+    """A command that runs until released, and what releases it."""
+    fifo = k.home / name
+    os.mkfifo(fifo)
+    return ["sh", "-c", f"read x < {fifo}"], lambda: fifo.write_text("go\n")
+
+
+def _jobs(conn: Connection) -> list[int]:
+    """The records held. `list` is answered after every request sent before it on the
+    same connection was handled, so a spawn that started would be among them."""
+    return sorted(j["job"] for j in conn.call("list")["jobs"])
+
+
+def _exit_event(conn: Connection) -> Message:
+    while True:
+        message = conn.event()
+        if message.get("event") == "exit":
+            return message["job"]  # type: ignore[no-any-return]
+
+
+def _answers(conn: Connection, *rids: int) -> tuple[dict[int, Message], list[Message]]:
+    """The answers to `rids`, whatever their order, and every message read meanwhile in
+    the order it came (events are kept in conn.events as well)."""
+    answers: dict[int, Message] = {}
+    seen: list[Message] = []
+    while len(answers) < len(rids):
+        message = conn.receive()
+        seen.append(message)
+        if "event" in message:
+            conn.events.append(message)
+        elif message.get("id") in rids:
+            answers[message["id"]] = message
+    return answers, seen
+
+
+def _starts(k: Keeper) -> list[int]:
+    lines = [json.loads(line) for line in (k.home / "journal").read_text().splitlines()]
+    return [line["job"] for line in lines if line["e"] == "start"]
+
+
+def test_a_spawn_after_a_running_attempt_starts_once_it_has_ended() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        a = conn.call("spawn", **k.job(1, argv))["job"]
+        marker = k.home / "b-ran"
+        rid = conn.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        assert _jobs(conn) == [1]  # parked: no fork, no record, no answer
+        release()
+        answer = conn.reply(rid)
+        assert answer["ok"], answer
+        # The predecessor's exit event came first, on the same connection.
+        assert [e["job"]["job"] for e in conn.events] == [1]
+        ended = conn.events.popleft()["job"]
+        b = answer["job"]
+        assert b["started_at"] >= ended["ended_at"]
+        assert b["pid"] != a["pid"]
+        done = _exit_event(conn)
+        assert (done["job"], done["exit_code"]) == (2, 0)
+        assert marker.exists()
+        assert _starts(k) == [1, 2]
+
+
+def test_a_spawn_after_an_attempt_never_held_starts_at_once() -> None:
+    """The key is the attempt: another attempt of a running job does not hold it back,
+    while the running attempt itself does."""
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        conn.call("spawn", **k.job(1, argv))
+        conn.call("spawn", **k.job(2, ["true"], after={"job": 1, "attempt": 2}))
+        conn.call("spawn", **k.job(3, ["true"], after={"job": 9, "attempt": 1}))
+        rid = conn.send("spawn", **k.job(4, ["true"], after=AFTER_1))
+        assert _jobs(conn) == [1, 2, 3]
+        release()
+        assert conn.reply(rid)["ok"]
+
+
+def test_a_spawn_after_an_ended_attempt_starts_at_once_acknowledged_or_not() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        conn.call("spawn", **k.job(1, ["true"]))
+        assert _exit_event(conn)["job"] == 1  # ended, not acknowledged: still a record
+        argv, release = _held(k, "y")
+        conn.call("spawn", **k.job(5, argv))
+        rid = conn.send("spawn", **k.job(6, ["true"], after={"job": 5, "attempt": 1}))
+        conn.call("spawn", **k.job(2, ["true"], after=AFTER_1))  # answered while 5 runs
+        conn.call("ack", job=1, attempt=1)
+        conn.call("spawn", **k.job(3, ["true"], after=AFTER_1))  # no record of 1 now
+        assert _jobs(conn) == [2, 3, 5]  # 6 waits for 5, and for nothing else
+        release()
+        assert conn.reply(rid)["ok"]
+
+
+def test_a_killed_parked_spawn_is_dropped_and_never_runs() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        a = conn.call("spawn", **k.job(1, argv))["job"]
+        marker = k.home / "b-ran"
+        spawn_rid = conn.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        kill_rid = conn.send("kill", job=2, attempt=1, grace_s=5)
+        answers, seen = _answers(conn, spawn_rid, kill_rid)
+        assert answers[spawn_rid] == {"id": spawn_rid, "ok": False, "error": DROPPED}
+        assert answers[kill_rid] == {"id": kill_rid, "ok": True}
+        assert [m["id"] for m in seen] == [spawn_rid, kill_rid]
+        assert alive(a["pid"])
+        with pytest.raises(KeeperError, match="unknown"):  # gone: as any key not held
+            conn.call("kill", job=2, attempt=1, grace_s=5)
+        release()
+        assert _exit_event(conn)["exit_code"] == 0
+        assert _jobs(conn) == [1]  # it would have started in the turn of that exit
+        assert not marker.exists()
+        conn.call("spawn", **k.job(2, ["touch", str(marker)]))  # the attempt is free
+        assert _exit_event(conn)["exit_code"] == 0
+        assert marker.exists()
+
+
+def test_a_parked_spawn_goes_with_the_connection_that_sent_it() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        conn.call("spawn", **k.job(1, argv))
+        marker = k.home / "b-ran"
+        other = k.connect(attach=False)
+        other.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        other.call("ping")  # the spawn before it was read and parked
+        assert _jobs(conn) == [1]
+        other.close()
+        log = k.home / "log"
+        wait_for(
+            lambda: "job 2 attempt 1: its connection closed before it started" in log.read_text(),
+            "the parked spawn to be dropped",
+        )
+        release()
+        assert _exit_event(conn)["job"] == 1
+        assert _jobs(conn) == [1]
+        assert '"job":2' not in (k.home / "journal").read_text()
+        assert not marker.exists()
+        assert conn.call("ping")["pid"] == k.pid
+        conn.call("spawn", **k.job(2, ["touch", str(marker)]))  # not `exists`
+        assert _exit_event(conn)["exit_code"] == 0
+        assert marker.exists()
+
+
+def test_a_newer_attach_drops_the_older_connections_parked_spawns_unanswered() -> None:
+    """What recovery relies on: once attached, an attempt without a record never runs."""
+    with keeper() as k:
+        first = k.connect()
+        argv, release = _held(k, "a")
+        first.call("spawn", **k.job(1, argv))
+        marker = k.home / "b-ran"
+        rid = first.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        first.call("ping")
+        second = k.connect(attach=False)
+        assert [j["job"] for j in second.call("attach")["jobs"]] == [1]
+        seen: list[Message] = []
+        with pytest.raises((ConnectionError, OSError)):
+            while True:
+                seen.append(first.receive())
+        assert all(m.get("id") != rid for m in seen), seen
+        release()
+        assert _exit_event(second)["job"] == 1
+        assert _jobs(second) == [1]
+        assert '"job":2' not in (k.home / "journal").read_text()
+        assert not marker.exists()
+
+
+def test_a_parked_key_exists_and_a_malformed_after_changes_nothing() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        conn.call("spawn", **k.job(1, argv))
+        rid = conn.send("spawn", **k.job(2, ["true"], after=AFTER_1))
+        for again in (k.job(2, ["true"]), k.job(2, ["true"], after=AFTER_1)):
+            with pytest.raises(KeeperError) as refused:
+                conn.call("spawn", **again)
+            assert refused.value.code == "exists"
+        with pytest.raises(KeeperError) as refused:  # held as a record: refused, not parked
+            conn.call("spawn", **k.job(1, ["true"], after={"job": 7, "attempt": 1}))
+        assert refused.value.code == "exists"
+        for after in (
+            0,
+            "1",
+            [1, 1],
+            {"job": 1},
+            {"job": -1, "attempt": 1},
+            {"job": 1, "attempt": 0},
+            {"job": True, "attempt": 1},
+            {"job": 1.0, "attempt": 1},
+            {"job": 1, "attempt": 1, "keeper": "cpu"},
+        ):
+            with pytest.raises(KeeperError) as refused:
+                conn.call("spawn", **k.job(3, ["true"], after=after))
+            assert refused.value.code == "bad_request", after
+        with pytest.raises(KeeperError) as refused:  # the spawn is checked before parking
+            conn.call("spawn", **k.job(3, ["true"], cwd="relative", after=AFTER_1))
+        assert refused.value.code == "bad_request"
+        third = conn.send("spawn", **k.job(3, ["true"], after=AFTER_1))  # nothing held 3
+        assert _jobs(conn) == [1]
+        release()
+        answers, _ = _answers(conn, rid, third)
+        assert answers[rid]["ok"] and answers[third]["ok"]
+
+
+def test_shutdown_is_refused_while_a_spawn_is_parked() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        conn.call("spawn", **k.job(1, argv))
+        rid = conn.send("spawn", **k.job(2, ["true"], after=AFTER_1))
+        with pytest.raises(KeeperError) as refused:
+            conn.call("shutdown")
+        assert refused.value.code == "busy"
+        assert "1 waiting to start" in refused.value.message
+        kill = conn.send("kill", job=2, attempt=1, grace_s=5)
+        answers, _ = _answers(conn, rid, kill)
+        assert answers[rid]["error"]["code"] == "dropped"
+        release()
+        assert _exit_event(conn)["job"] == 1
+        conn.call("ack", job=1, attempt=1)
+        pid = k.pid
+        conn.call("shutdown")
+        wait_for(lambda: not alive(pid), "the keeper to leave")
+
+
+def test_spawns_parked_on_one_attempt_start_in_arrival_order_as_any_spawn() -> None:
+    """Each goes the way of a spawn sent then: a record and the exec's answer, or the
+    reason it could not start."""
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        conn.call("spawn", **k.job(1, argv))
+        marker = k.home / "b-ran"
+        bad_out = "/nonexistent/out"
+        rids = [
+            conn.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1)),
+            conn.send("spawn", **k.job(3, ["true"], after=AFTER_1, stdout=bad_out, stderr=bad_out)),
+            conn.send("spawn", **k.job(4, ["no-such-cmd"], after=AFTER_1)),
+        ]
+        assert _jobs(conn) == [1]
+        release()
+        answers, seen = _answers(conn, *rids)
+        assert (seen[0]["event"], seen[0]["job"]["job"]) == ("exit", 1)
+        b, c, d = (answers[rid] for rid in rids)
+        assert b["ok"] and b["job"]["job"] == 2
+        assert c["error"]["code"] == "spawn"
+        assert c["error"]["message"].startswith("cannot open /nonexistent/out")
+        assert d["error"] == {"code": "spawn", "message": "executable not found: no-such-cmd"}
+        assert _starts(k) == [1, 2, 4]  # in arrival order; 3 never had a record
+        wait_for(marker.exists, "the first parked job to run")
+
+
+def test_attach_and_ping_announce_spawning_after_so_a_newer_daemon_knows_it_may() -> None:
+    """Keepers outlive an upgrade: gpusvd sends `after` only to a keeper that announced
+    it (an older keeper would start the job at once, beside the one it should follow)."""
+    with keeper() as k:
+        conn = k.connect(attach=False)
+        assert "after" in conn.call("attach")["features"]
+        assert "after" in conn.call("ping")["features"]
