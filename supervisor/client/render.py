@@ -83,7 +83,7 @@ def list_lines(jobs: list[dict[str, Any]]) -> list[str]:
         rows.append(
             [
                 str(j["id"]),
-                "stopping" if j.get("stopping") else j["state"],
+                shown_state(j),
                 user_name(j.get("owner_uid")),
                 ",".join(map(str, j.get("gpus") or [])) or str(j.get("gpus_requested", "-")),
                 age(j.get("submitted_at"), now),
@@ -125,10 +125,19 @@ def _retries(job: dict[str, Any]) -> str:
     )
 
 
+def shown_state(job: dict[str, Any]) -> str:
+    """`list`'s state column: a running job being stopped, or not yet up, says so."""
+    if job.get("stopping"):
+        return "stopping"
+    return "starting" if job.get("starting") else str(job["state"])
+
+
 def show_lines(job: dict[str, Any]) -> list[str]:
     state = job["state"]
     if job.get("stopping"):
         state += " (stopping: signalled, not yet gone)"
+    elif job.get("starting"):
+        state += " (starting: its process is not up yet)"
     if job.get("held"):
         state += " (held: gpusv release to let it start)"
     if job.get("waiting_for"):

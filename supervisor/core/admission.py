@@ -69,6 +69,7 @@ class Start:
     job_id: int
     gpus: tuple[int, ...]
     vram_reserved_mb: int  # per card
+    after: tuple[int, int] | None = None  # (job, attempt) whose exit frees its place
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,8 @@ class SaveJob:
 
 @dataclass(frozen=True)
 class SetPid:
-    attempt: Attempt
+    attempt: Attempt  # its pid, and its start (later than its claim when started ahead)
+    job_started_at: str | None = None  # the job's own start, when this attempt moved it
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,7 @@ class Spawn:
     attempt: Attempt
     cards: tuple[int, ...]
     seq: int  # dispatch order: the newest is the OOM killer's first victim
+    after: tuple[int, int] | None = None  # its keeper starts it once this attempt exits
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt, Event
-from supervisor.core.table import Live, Phase, Table
+from supervisor.core.table import Live, Phase, Table, waiting_ahead
 
 # ---- the commands -----------------------------------------------------------------------
 
@@ -119,8 +119,12 @@ def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
     )
     started = transition(job, JobState.RUNNING, d.now.iso, gpus=start.gpus, attempts=attempt.n)
     gpus = ",".join(map(str, start.gpus)) or "none"
-    event = Event("started", f"attempt {attempt.n} on GPUs {gpus}", {"gpus": list(start.gpus)})
-    d.put(started, event, new=attempt)
+    data: dict[str, object] = {"gpus": list(start.gpus)}
+    message = f"attempt {attempt.n} on GPUs {gpus}"
+    if start.after is not None:
+        data["after"] = start.after[0]
+        message += f", starting once job {start.after[0]} exits"
+    d.put(started, Event("started", message, data), new=attempt)
     d.c.live[job.id] = Live(
         attempt=attempt,
         cards=start.gpus,
@@ -129,8 +133,9 @@ def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
         projection=cmd.projections.get(job.id),
         vram_reserved_mb=start.vram_reserved_mb,
         claimed_mono=d.now.mono,
+        after=start.after,
     )
-    d.out.actions.append(Spawn(started, attempt, start.gpus, seq))
+    d.out.actions.append(Spawn(started, attempt, start.gpus, seq, start.after))
 
 
 def _spawning(d: Draft, cmd: Spawning) -> None:
@@ -144,8 +149,15 @@ def _started(d: Draft, cmd: Started) -> None:
     if live is None or live.attempt.n != cmd.n:
         return
     attempt = dataclasses.replace(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
+    job_started_at = None
+    if live.after is not None:  # claimed ahead: it starts now, not when it was claimed
+        attempt = dataclasses.replace(attempt, started_at=d.now.iso)
+        job = d.job(cmd.job_id)
+        if job is not None and job.started_at == live.attempt.started_at:
+            job_started_at = d.now.iso
+            d.c.jobs[job.id] = dataclasses.replace(job, started_at=job_started_at)
     d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
-    d.out.writes.append(SetPid(attempt))
+    d.out.writes.append(SetPid(attempt, job_started_at))
     d.out.actions.append(ProcessStarted(cmd.job_id, cmd.pid))
     if live.kill is not None:  # stopped while it was being started
         d.out.actions.append(Kill(cmd.job_id))
@@ -177,6 +189,11 @@ def _stop(
     job, live = d.job(job_id), d.live(job_id)
     if job is None or live is None:
         return
+    if reason is FailureReason.GPU_HANG and waiting_ahead(live, d.t.live):
+        # It never ran on the card: back to the queue, charged to no budget, and not
+        # started on a card that is being re-probed.
+        reason, reprobe = FailureReason.INTERRUPTED, None
+        evidence = {"message": "its card hung before it started; queued again"}
     replaces = reason is FailureReason.GPU_HANG and live.kill not in (
         reason,
         FailureReason.CANCELLED,
@@ -190,7 +207,9 @@ def _stop(
         return  # already being stopped for this
     if live.phase is Phase.CLAIMED:  # no process yet, nor will there be
         d.end(job, live, Facts(status=None, killed_for=live.kill, kill_evidence=live.evidence))
-    elif live.phase is Phase.RUNNING:
+    elif live.phase is Phase.RUNNING or live.after is not None:
+        # Started ahead, its keeper holds it back until its predecessor exits: told now,
+        # it drops it (or kills it, if it has just started).
         d.out.actions.append(Kill(job_id, reprobe))
 
 

@@ -5,6 +5,7 @@ returned once the writes are committed; everyone else reads it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -35,6 +36,16 @@ class Live:
     kill: FailureReason | None = None  # the daemon killed it, or will once it runs
     evidence: dict[str, Any] | None = None
     machine: dict[str, Any] | None = None  # readings for a hang record, taken at detection
+    after: tuple[int, int] | None = None  # started ahead: the (job, attempt) it follows
+
+
+def waiting_ahead(live: Live, lives: Mapping[int, Live]) -> bool:
+    """Claimed ahead of an attempt that still holds its place: it has no process yet,
+    and its card or CPU slot is still the other attempt's."""
+    if live.after is None or live.phase is Phase.RUNNING:
+        return False
+    before = lives.get(live.after[0])
+    return before is not None and before.attempt.n == live.after[1]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from supervisor.core.commands import Cancel, Changed, ProcessStarted
 from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Attempt
-from supervisor.core.table import Phase
+from supervisor.core.table import Phase, waiting_ahead
 from supervisor.daemon import joblogs, jobrows, views
 from supervisor.daemon.access import Access, forbidden
 from supervisor.daemon.broker import Broker
@@ -103,9 +103,10 @@ class Api:
 
     async def _started(self, job_id: int) -> None:
         """A job shown running has its process: a start in flight is waited for (it
-        takes a fork and a commit), so that `show` never gives a running attempt no pid."""
+        takes a fork and a commit), so that `show` never gives a running attempt no pid;
+        not one started ahead, which waits for the job in front of it (`starting`)."""
         live = self.table.live.get(job_id)
-        if live is None or live.phase is Phase.RUNNING:
+        if live is None or live.phase is Phase.RUNNING or waiting_ahead(live, self.table.live):
             return
         event = anyio.Event()
         self.starting.setdefault(job_id, []).append(event)
@@ -282,6 +283,7 @@ class Api:
             job,
             host_memory=self.book.projection(job.spec),
             stopping=views.stopping(self.table, job.id),
+            starting=views.starting(self.table, job.id),
         )
 
     async def _job(self, job_id: int) -> Job:
@@ -334,6 +336,7 @@ class Api:
             attempts=attempts,
             events=events,
             stopping=views.stopping(self.table, job.id),
+            starting=views.starting(self.table, job.id),
         )
         live = self.live_rss(job.id)
         shown = obj.get("attempts")

@@ -29,7 +29,7 @@ from supervisor.daemon.forensics import Forensics
 from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
-from supervisor.daemon.keepers import Keepers, cgroup_tag
+from supervisor.daemon.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.parts import Parts, Phase
@@ -147,6 +147,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         rss_mb=runner.rss_mb,
         uuids_of=monitor.uuids_of,
         beat=lambda: board.beat("scheduler", time.monotonic()),
+        can_follow=lambda cards: keepers.can(keeper_name(cards), "after"),
     )
     hooks = Hooks(cfg.hooks, book, broker)
     forensics.provide(running_jobs=runner.running_json, recent_kernel_lines=hangs.recent)

@@ -31,7 +31,14 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess, keeper_name
+from supervisor.daemon.keepers import (
+    KeeperGone,
+    Keepers,
+    KeptProcess,
+    SpawnDropped,
+    keeper_name,
+    kill_through,
+)
 from supervisor.daemon.launch import SpawnError
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
@@ -133,6 +140,7 @@ class Runner:
         self.oom_base = ranking.base_value(oom.read_value() or 0)
         self._tg: anyio.abc.TaskGroup | None = None
         self._early: list[Spawn | Kill] = []  # orders published before run() began
+        self._ahead: dict[int, anyio.Event] = {}  # started ahead, not yet up: set to drop
         broker.subscribe(Spawn, self._order)
         broker.subscribe(Kill, self._order)
 
@@ -210,13 +218,23 @@ class Runner:
         live = self.engine.table.live.get(job_id)
         if live is None or live.attempt.n != n or live.phase is not Phase.SPAWNING:
             return
+        name = keeper_name(order.cards)
         try:
             spec = self._launch_spec(order.job, n, order.cards)
-            handle = await self.keepers.spawn(keeper_name(order.cards), spec)
+            drop = None
+            if order.after is not None:
+                drop = self._ahead[job_id] = anyio.Event()
+            grace = self.cfg.jobs.kill_grace_s
+            handle = await self.keepers.spawn(name, spec, order.after, drop, grace)
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
-            await self.keepers.forget(keeper_name(order.cards), (job_id, n))
+            await self.keepers.forget(name, (job_id, n))
             return
+        except SpawnDropped as exc:
+            await self._dropped(job_id, n, name, exc)
+            return
+        finally:
+            self._ahead.pop(job_id, None)
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
         p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec
         p.oom_kills_at_start = self.evidence.oom_kills_now()
@@ -224,6 +242,16 @@ class Runner:
         self.rank()
         await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))
         await self._watch(p)
+
+    async def _dropped(self, job_id: int, n: int, name: str, exc: SpawnDropped) -> None:
+        """A spawn started ahead that never ran: its end has no process (the engine adds
+        why, if it stopped it; else it is `interrupted`, charged to no budget)."""
+        if exc.gone:  # nothing of it may run on unseen, whatever the keeper had done
+            home = self.keepers.home(name)
+            with contextlib.suppress(Exception):
+                await self.abort(lambda: kill_through(home, (job_id, n), 0.0), f"job-{job_id}")
+        log.info("start ahead dropped", job_id=job_id, attempt=n, why=str(exc))
+        await self.engine.do(Ended(job_id, n, Facts(None)))
 
     def adopt(
         self, job_id: int, n: int, cards: tuple[int, ...], seq: int, proc: KeptProcess
@@ -317,6 +345,9 @@ class Runner:
         """Kill an attempt's tree (then re-probe its card after a hang), all on one abort
         thread under the deadman; the attempt's watcher reports the end."""
         p = self.procs.get(order.job_id)
+        if p is None and order.job_id in self._ahead:  # its keeper drops it, or kills it
+            self._ahead[order.job_id].set()  # if it has just started (then Started kills)
+            return
         if p is None or p.aborting:
             return
         p.aborting = True

@@ -126,9 +126,13 @@ def transaction(
             if isinstance(other, SetPid):
                 a = other.attempt
                 db.execute(
-                    "UPDATE attempts SET pid=?, pid_start=? WHERE job_id=? AND n=?",
-                    (a.pid, a.pid_start, a.job_id, a.n),
+                    "UPDATE attempts SET pid=?, pid_start=?, started_at=? WHERE job_id=? AND n=?",
+                    (a.pid, a.pid_start, a.started_at, a.job_id, a.n),
                 )
+                if other.job_started_at is not None:
+                    db.execute(
+                        "UPDATE jobs SET started_at=? WHERE id=?", (other.job_started_at, a.job_id)
+                    )
             elif isinstance(other, RecordHang):
                 db.execute(INSERT_HANG, _hang_params(other.row))
 

@@ -206,6 +206,10 @@ class DeadmanConfig:
 @dataclass(frozen=True)
 class JobsConfig:
     kill_grace_s: float = field(default=10.0, metadata={"parse": _number(0.0)})
+    # Behind a job whose kind last succeeded in under this many seconds, the next job of
+    # its card or CPU slot is claimed while it runs, and its keeper starts that one the
+    # moment it exits (docs/architecture.md, "Starting ahead"). 0: never.
+    start_ahead_s: float = field(default=2.0, metadata={"parse": _number(0.0)})
 
 
 def _duration(value: object, key: str) -> float:

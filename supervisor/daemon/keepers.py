@@ -54,6 +54,15 @@ class KeeperGone(Exception):
     """The keeper's connection closed: it died, or a newer gpusvd attached."""
 
 
+class SpawnDropped(Exception):
+    """A spawn started ahead never ran: killed while its keeper held it back, or its
+    keeper (or the connection to it) went away meanwhile, which drops it too (`gone`)."""
+
+    def __init__(self, message: str, *, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+
 def exit_status(record: Record) -> ExitStatus | None:
     """The leader's status as the runner reports it; None for a `lost` record."""
     if record.wait_status is not None:
@@ -133,11 +142,7 @@ class KeptProcess:
     def kill_tree(self, grace_s: float) -> None:
         """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
         returns once every process of the job is gone (the keeper answers then)."""
-        try:
-            with Connection(self.keeper.home / "sock", timeout_s=None) as conn:
-                conn.call("kill", job=self.key[0], attempt=self.key[1], grace_s=grace_s)
-        except (OSError, ConnectionError, KeeperError) as exc:
-            log.warning("kill through the keeper failed", job_id=self.key[0], error=repr(exc))
+        if not kill_through(self.keeper.home, self.key, grace_s):
             self.signal_tree(signal.SIGKILL)
 
     async def wait(self) -> ExitStatus | None:
@@ -169,6 +174,18 @@ class KeptProcess:
             await self.keeper.tell("ack", job=self.key[0], attempt=self.key[1])
 
 
+def kill_through(home: Path, key: Key, grace_s: float) -> bool:
+    """Blocking: the keeper kills the attempt (or drops it, if it holds it back) and
+    answers once nothing of it is left; False if the keeper could not be asked."""
+    try:
+        with Connection(home / "sock", timeout_s=None) as conn:
+            conn.call("kill", job=key[0], attempt=key[1], grace_s=grace_s)
+    except (OSError, ConnectionError, KeeperError) as exc:
+        log.warning("kill through the keeper failed", job_id=key[0], error=repr(exc))
+        return False
+    return True
+
+
 @dataclass
 class Keeper:
     name: str
@@ -181,8 +198,19 @@ class Keeper:
     _waiting: dict[Key, anyio.Event] = field(default_factory=dict)
     _send_lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
     gone: bool = False
+    features: frozenset[str] = frozenset()  # as its attach announced them
 
-    async def call(self, op: str, **fields: Any) -> dict[str, Any]:
+    async def call(
+        self,
+        op: str,
+        *,
+        until: anyio.Event | None = None,
+        drop_grace_s: float = 0.0,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """The request's answer. With `until`: once that is set before the answer came,
+        a `kill` of the same job and attempt follows on this connection (so after the
+        request itself): how a spawn held back by its keeper is dropped."""
         if self.gone:
             raise KeeperGone(f"keeper {self.name} is gone")
         self._next += 1
@@ -194,7 +222,14 @@ class Keeper:
         except KeeperGone:
             self._replies.pop(rid, None)
             raise
-        await done.wait()
+        if until is None:
+            await done.wait()
+        else:
+            async with anyio.create_task_group() as tg:
+                key = (fields["job"], fields["attempt"])
+                tg.start_soon(self._kill_when, until, key, drop_grace_s)
+                await done.wait()
+                tg.cancel_scope.cancel()
         if not box:
             raise KeeperGone(f"keeper {self.name} went away before it answered")
         answer: dict[str, Any] = box[0]
@@ -202,6 +237,11 @@ class Keeper:
             error = answer.get("error") or {}
             raise KeeperError(str(error.get("code")), str(error.get("message")))
         return answer
+
+    async def _kill_when(self, until: anyio.Event, key: Key, grace_s: float) -> None:
+        await until.wait()
+        with contextlib.suppress(KeeperGone):
+            await self.tell("kill", job=key[0], attempt=key[1], grace_s=grace_s)
 
     async def tell(self, op: str, **fields: Any) -> None:
         """A request whose answer nobody waits for: its id is not kept, so the answer is
@@ -319,6 +359,7 @@ class Keepers:
             self._tg.start_soon(keeper.read_loop)
             answer = await keeper.call("attach")
             keeper.pid = int(answer["pid"])
+            keeper.features = frozenset(answer.get("features") or ())
             records = [record_from(r) for r in answer["jobs"]]
             for record in records:
                 if record.ended:
@@ -327,15 +368,32 @@ class Keepers:
             log.info("keeper attached", keeper=name, pid=keeper.pid, records=len(records))
             return keeper, records
 
-    async def spawn(self, name: str, spec: Spec) -> KeptProcess:
-        """Start the job through the named keeper. Raises SpawnError with a readable reason
-        (including when no keeper can be started)."""
+    async def spawn(
+        self,
+        name: str,
+        spec: Spec,
+        after: Key | None = None,
+        drop: anyio.Event | None = None,
+        grace_s: float = 0.0,
+    ) -> KeptProcess:
+        """Start the job through the named keeper; with `after`, once that attempt (of the
+        same keeper) has exited, unless `drop` is set first. Raises SpawnError with a
+        readable reason (including when no keeper can be started), SpawnDropped for a
+        spawn after another that never ran."""
+        fields = _spawn_fields(spec)
+        if after is not None:
+            fields["after"] = {"job": after[0], "attempt": after[1]}
         try:
             keeper, _ = await self.ensure(name)
-            answer = await keeper.call("spawn", **_spawn_fields(spec))
+            until = drop if after else None
+            answer = await keeper.call("spawn", until=until, drop_grace_s=grace_s, **fields)
         except KeeperError as exc:
+            if exc.code == "dropped":
+                raise SpawnDropped(exc.message) from None
             raise SpawnError(exc.message if exc.code == "spawn" else str(exc)) from None
         except (KeeperGone, OSError) as exc:
+            if after is not None:  # a held-back spawn goes with its connection
+                raise SpawnDropped(f"keeper {name} went away: {exc}", gone=True) from None
             raise SpawnError(f"keeper {name} unavailable: {exc}") from None
         return KeptProcess(keeper, record_from(answer["job"]))
 
@@ -347,6 +405,12 @@ class Keepers:
         if keeper is not None and not keeper.gone:
             with contextlib.suppress(KeeperGone):
                 await keeper.tell("ack", job=key[0], attempt=key[1])
+
+    def can(self, name: str, feature: str) -> bool:
+        """Whether the named keeper, attached now, announced `feature` (a keeper started
+        by an older gpusvd may not have it)."""
+        keeper = self.keepers.get(name)
+        return keeper is not None and not keeper.gone and feature in keeper.features
 
     def adopt(self, keeper: Keeper, record: Record) -> KeptProcess:
         """A record from `ensure` (a job started by an earlier gpusvd) as a process."""

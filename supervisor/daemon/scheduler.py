@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
 import anyio
 import anyio.abc
 
 from supervisor.core import admission
-from supervisor.core.commands import Changed, Dispatch
+from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted
 from supervisor.core.jobqueue import DEVICE_HOLD, Key, array_kind, kind_of, used_before
 from supervisor.core.jobs import JobSpec, JobState
+from supervisor.core.table import Live, Phase, waiting_ahead
 from supervisor.daemon.broker import Broker
+from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import available_mb, read_meminfo
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
+SHORT_KINDS = 4096  # kinds of job whose last run time is remembered, most recent first
 
 
 class CardsChanged:
@@ -44,6 +47,7 @@ class Dispatcher:
         rss_mb: Callable[[int], int],
         uuids_of: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda _cards: (),
         beat: Callable[[], None] = lambda: None,
+        can_follow: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -52,6 +56,7 @@ class Dispatcher:
         # What the loop reads of other parts: the cards, a job's RSS, the cards' UUIDs.
         self.cards, self.rss_mb, self.uuids_of = cards, rss_mb, uuids_of
         self.beat = beat
+        self.can_follow = can_follow  # whether the keeper of these cards starts jobs ahead
         self.wake = anyio.Event()
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
@@ -61,9 +66,25 @@ class Dispatcher:
         self.reserve_mb = cfg.host_memory.reserve.resolve(total)
         broker.subscribe(Changed, lambda _ev: self.poke())
         broker.subscribe(CardsChanged, lambda _ev: self.poke())
+        self.short: OrderedDict[str, float] = OrderedDict()  # kind -> its last success, s
+        if cfg.jobs.start_ahead_s > 0:
+            broker.subscribe(AttemptEnded, self._ran)
+            broker.subscribe(ProcessStarted, lambda _ev: self.poke())  # it may be followed
 
     def poke(self) -> None:
         self.wake.set()
+
+    def _ran(self, ended: AttemptEnded) -> None:
+        """How long each kind of job (its memory key) last took to succeed: a kind that
+        ran short is one worth claiming the next job behind."""
+        a = ended.attempt
+        if a.exit_code != 0 or a.reason is not None or a.ended_at is None:
+            return
+        key = ended.job.spec.mem_key
+        self.short[key] = epoch_from_iso(a.ended_at) - epoch_from_iso(a.started_at)
+        self.short.move_to_end(key)
+        if len(self.short) > SHORT_KINDS:
+            self.short.popitem(last=False)
 
     def drain(self) -> None:
         """Admit nothing more."""
@@ -115,7 +136,8 @@ class Dispatcher:
         )
 
     def cpu_slots_free(self) -> int:
-        used = sum(1 for r in self.table.live.values() if not r.cards)
+        lives = self.table.live
+        used = sum(1 for r in lives.values() if not r.cards and not waiting_ahead(r, lives))
         return max(0, self.cfg.cpu_slots - used)
 
     def cards_now(self) -> list[admission.Card]:
@@ -141,6 +163,7 @@ class Dispatcher:
         if not self.table.queue.live and all(n <= 0 for n in free.values()):
             # Every queued job is settled (held for a kind of device none of which is
             # free) and nothing is free: the plan would start nothing and hold no one anew.
+            await self._start_ahead(cards, now, now_wall)
             return self.table.queue.next_backoff(now_wall, self._backoff_current)
         plan = self._plan(cards, free, now, now_wall)
         if plan.starts or plan.holds:
@@ -152,7 +175,66 @@ class Dispatcher:
                 Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
             )
         self._settle(plan.holds, full)  # the array caps' holds (device holds: the engine's)
+        if not plan.starts:
+            await self._start_ahead(self.cards_now(), now, now_wall)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
+
+    # ---- starting ahead ---------------------------------------------------------------
+
+    async def _start_ahead(self, cards: list[admission.Card], now: float, now_wall: float) -> None:
+        """Claim the next job of one card or CPU slot while its job still runs; its keeper
+        starts it the moment that job exits, with no round trip through here. Admission
+        decides as if the running job had left its place, but still counts its memory
+        and VRAM: only a job that fits beside it is claimed ahead. One claim a pass, so
+        the next pass counts this one in."""
+        if not self.short or not self.table.queue:
+            return
+        for job_id, live in self._followable(now_wall):
+            start = self._ahead_of(job_id, live, cards, now, now_wall)
+            if start is None:
+                continue
+            spec = self.table.jobs[start.job_id].spec
+            projections = {start.job_id: self.book.projection(spec)}
+            uuids = {start.job_id: self.uuids_of(start.gpus)}
+            await self.engine.do(Dispatch((start,), (), projections, uuids, frozenset()))
+            return
+
+    def _followable(self, now_wall: float) -> list[tuple[int, Live]]:
+        """Jobs a next one may be claimed behind: up and not being stopped, on one card of
+        their own or a CPU slot, with nothing claimed behind them yet, and short: of a
+        kind that last succeeded within `start_ahead_s`, and not yet up for longer. A
+        long job is never followed: its next job would be bound to its card or slot
+        while another might free up first."""
+        limit = self.cfg.jobs.start_ahead_s
+        behind = {r.after[0] for r in self.table.live.values() if r.after is not None}
+        out = []
+        for job_id, live in self.table.live.items():
+            if live.phase is not Phase.RUNNING or live.kill is not None or job_id in behind:
+                continue
+            spec = self._spec(job_id)
+            if len(live.cards) > 1 or spec is None or spec.share or not self.can_follow(live.cards):
+                continue
+            last = self.short.get(spec.mem_key, limit + 1)
+            if last <= limit and now_wall - epoch_from_iso(live.attempt.started_at) < limit:
+                out.append((job_id, live))
+        return out
+
+    def _ahead_of(
+        self, job_id: int, live: Live, cards: list[admission.Card], now: float, now_wall: float
+    ) -> admission.Start | None:
+        if live.cards:
+            shown = [
+                dataclasses.replace(c, running=()) if c.index == live.cards[0] else c for c in cards
+            ]
+            free = {"gpu": 1, "cpu": 0}
+        else:
+            shown, free = cards, {"gpu": 0, "cpu": 1}
+        free.update(self._array_room())
+        for start in self._plan(shown, free, now, now_wall).starts:
+            job = self.table.jobs[start.job_id]
+            if start.gpus == live.cards and not job.spec.share:
+                return dataclasses.replace(start, after=(job_id, live.attempt.n))
+        return None
 
     def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
         """Settle jobs held for their kind of device while none of it was free: in a pass

@@ -14,6 +14,7 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.jobs import Job, JobState
+from supervisor.core.table import waiting_ahead
 from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.metrics import CardSample, HostSample, Metrics, Snapshot
@@ -84,6 +85,8 @@ class Telemetry:
     def _running_by_card(self) -> dict[int, list[int]]:
         running: dict[int, list[int]] = {}
         for job_id, r in self.table.live.items():
+            if waiting_ahead(r, self.table.live):  # its card is not its own yet
+                continue
             for c in r.cards:
                 running.setdefault(c, []).append(job_id)
         return running

@@ -7,7 +7,7 @@ from typing import Any, cast
 from supervisor.core.jobs import Job
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
-from supervisor.core.table import Table
+from supervisor.core.table import Phase, Table
 from supervisor.wire.shapes import AttemptJson, HostMemory, JobJson, PublicJobJson
 
 # What anyone who may connect can see of someone else's job: what it holds, why it waits
@@ -31,6 +31,7 @@ def job_json(
     attempts: list[Attempt] | None = None,
     events: list[dict[str, Any]] | None = None,
     stopping: bool = False,
+    starting: bool = False,
 ) -> JobJson:
     spec = job.spec
     out: JobJson = {
@@ -43,6 +44,7 @@ def job_json(
         "mem_key": spec.mem_key,
         "state": job.state.value,
         "stopping": stopping,
+        "starting": starting,
         "waiting_for": job.waiting_for,
         "gpus_requested": spec.gpus,
         "gpus": list(job.gpus),
@@ -97,3 +99,10 @@ def stopping(table: Table, job_id: int) -> bool:
     signalled, not yet gone. A stopped (SIGSTOP) process shows this until it dies."""
     live = table.live.get(job_id)
     return live is not None and live.kill is not None
+
+
+def starting(table: Table, job_id: int) -> bool:
+    """Running, and its process is not up yet: claimed and being started, or started
+    ahead and held by its keeper until the job before it on its card or slot exits."""
+    live = table.live.get(job_id)
+    return live is not None and live.phase is not Phase.RUNNING

@@ -131,6 +131,7 @@ class JobJson(TypedDict):
     max_running: int | None
     held: bool  # held with `gpusv hold`: does not start until released
     stopping: bool  # running, and being stopped: signalled, not yet gone
+    starting: bool  # running, its process not up yet (being started, or started ahead)
     time_limit_s: float | None  # wall-time limit per run (--time)
     submitted_at: str
     started_at: str | None

@@ -1,0 +1,150 @@
+"""Starting ahead, end to end: behind a short kind of job, the next job of its card or
+CPU slot is claimed while it runs and its keeper starts it the moment it exits; that job
+says `starting` meanwhile, can be cancelled without ever running, and never runs after
+a daemon that died, a drain or a hang of its card let it go."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon
+from .test_gpu_hangs import XID_109_CARD0
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+]
+
+KEY = "ahead-kind"
+AHEAD = "cpu_slots = 1\n[jobs]\nstart_ahead_s = 60\n"
+GATED = "while [ ! -e go ]; do sleep 0.01; done"  # runs until the test creates ./go
+
+
+def short_kind(d: Daemon, gpus: int) -> None:
+    """One quick success of the kind: from now on it counts as short."""
+    d.wait_done(d.submit("true", mem_key=KEY, gpus=gpus))
+
+
+def gated_then_behind(d: Daemon, gpus: int) -> tuple[int, int]:
+    """A running job of the short kind that waits for ./go, and a job claimed behind it
+    (which writes ./b when it runs)."""
+    short_kind(d, gpus)
+    first = d.submit("sh", "-c", GATED, mem_key=KEY, gpus=gpus)
+    d.wait_pid(first)
+    second = d.submit("sh", "-c", "echo ran >> b", mem_key=KEY, gpus=gpus)
+    d.wait_for(lambda: d.show(second)["starting"], what="the second job claimed ahead")
+    return first, second
+
+
+def attempts(d: Daemon, job: int) -> list[dict[str, Any]]:
+    return list(d.show(job)["attempts"])
+
+
+@pytest.mark.parametrize("gpus", [1, 0], ids=["card", "cpu-slot"])
+def test_the_next_job_waits_claimed_and_starts_when_the_one_before_it_exits(
+    make_daemon: Callable[..., Daemon], gpus: int
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second = gated_then_behind(d, gpus)
+    shown = d.show(second)
+    assert shown["state"] == "running" and shown["attempts"][0]["pid"] is None
+    assert any("starting once job" in e["message"] for e in shown["events"])
+    (row,) = [r for r in d.cli("list").stdout.splitlines()[1:] if r.split()[0] == str(second)]
+    assert row.split()[1] == "starting"
+    if gpus:
+        (card,) = json.loads(d.cli("gpus", "--json").stdout)
+        assert card["running_jobs"] == [first]  # the card is not the second job's yet
+    assert not (d.root / "b").exists() and d.show(first)["state"] == "running"
+    (d.root / "go").touch()
+    done_first, done_second = d.wait_done(first), d.wait_done(second)
+    assert (done_first["state"], done_second["state"]) == ("succeeded", "succeeded")
+    (a,), (b,) = done_first["attempts"], done_second["attempts"]
+    assert b["started_at"] >= a["ended_at"]  # its start, not its claim
+    assert done_second["started_at"] == b["started_at"] and not done_second["starting"]
+    assert (d.root / "b").read_text() == "ran\n"
+
+
+def test_a_long_kind_is_not_followed_the_next_job_waits_queued(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config="[jobs]\nstart_ahead_s = 0.2\n")
+    d.wait_done(d.submit("sleep", "0.5", mem_key=KEY))  # succeeded, but took longer
+    first = d.submit("sh", "-c", GATED, mem_key=KEY)
+    d.wait_pid(first)
+    second = d.submit("true", mem_key=KEY)
+    held = d.wait_for(lambda: (j := d.show(second))["waiting_for"] and j, what="a hold")
+    assert held["state"] == "queued" and not held["starting"]
+    (d.root / "go").touch()
+    assert d.wait_done(second)["state"] == "succeeded"
+
+
+def test_cancelling_a_job_claimed_ahead_ends_it_at_once_and_it_never_runs(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second = gated_then_behind(d, 1)
+    d.cli("cancel", str(second))
+    done = d.wait_done(second)  # while the one before it still runs
+    assert done["state"] == "cancelled" and d.show(first)["state"] == "running"
+    assert [a["pid"] for a in done["attempts"]] == [None]
+    (d.root / "go").touch()
+    assert d.wait_done(first)["state"] == "succeeded"
+    assert not (d.root / "b").exists()
+
+
+def test_a_daemon_killed_while_a_job_waits_claimed_ahead_queues_it_again_after_restart(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second = gated_then_behind(d, 1)
+    pid = d.wait_pid(first)
+    d.kill9()
+    d.start()  # its attach closes the old connection: the keeper drops the held spawn
+    assert d.wait_pid(first) == pid  # taken back
+    (d.root / "go").touch()
+    assert d.wait_done(first)["state"] == "succeeded"
+    done = d.wait_done(second)
+    assert done["state"] == "succeeded"
+    assert [a["reason"] for a in done["attempts"]] == ["interrupted", None]
+    assert done["attempts"][0]["pid"] is None
+    assert done["retries"]["ordinary"]["used"] == 0
+    assert (d.root / "b").read_text() == "ran\n"  # it ran once, as attempt 2
+
+
+def test_a_drain_lets_a_job_claimed_ahead_go_without_running_it(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second = gated_then_behind(d, 1)
+    assert d.stop() == 0
+    assert not (d.root / "b").exists()
+    d.start()
+    (d.root / "go").touch()
+    assert d.wait_done(first)["state"] == "succeeded"
+    done = d.wait_done(second)
+    assert done["state"] == "succeeded" and done["attempts"][0]["reason"] == "interrupted"
+    assert (d.root / "b").read_text() == "ran\n"
+
+
+def test_a_hang_of_its_card_puts_a_job_claimed_ahead_back_in_the_queue(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second = gated_then_behind(d, 1)
+    d.append_kernel(XID_109_CARD0)
+    hung = d.wait_for(
+        lambda: (a := attempts(d, first)) and a[0]["reason"] == "gpu_hang" and a, what="hang"
+    )
+    assert hung[0]["reason"] == "gpu_hang"
+    behind = d.wait_for(lambda: (a := attempts(d, second)) and a[0]["reason"] and a, what="its end")
+    assert behind[0]["reason"] == "interrupted" and behind[0]["pid"] is None
+    (d.root / "go").touch()
+    assert d.wait_done(first, timeout=60)["state"] == "succeeded"
+    done = d.wait_done(second, timeout=60)
+    assert done["state"] == "succeeded"
+    assert (done["retries"]["ordinary"]["used"], done["retries"]["gpu_hang"]["used"]) == (0, 0)

@@ -1,0 +1,110 @@
+"""Starting ahead, in the engine: a job claimed behind one that still holds its card or
+CPU slot, started by its keeper once that one exits (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from supervisor.core import commands as c
+from supervisor.core.admission import Start
+from supervisor.core.engine import step
+from supervisor.core.jobs import ExitStatus, FailureReason, JobState
+from supervisor.core.outcome import Facts
+from supervisor.core.table import Phase, Table, waiting_ahead
+
+from .test_engine_steps import HANG, ISO, run, running, spec
+
+LATER = c.Now(1_700_000_030.0, 530.0)
+LATER_ISO = "2023-11-14T22:13:50.000Z"
+
+
+def ahead(t: Table) -> None:
+    """Job 1 up on card 0; job 2 claimed behind it and handed to its keeper."""
+    running(t, spec())
+    run(t, c.Submit((spec(),)))
+    run(t, c.Dispatch((Start(2, (0,), 0, after=(1, 1)),), ()))
+    run(t, c.Spawning(2, 1))
+
+
+def test_a_job_claimed_ahead_is_spawned_after_the_one_it_follows_and_says_so() -> None:
+    t = Table()
+    running(t, spec())
+    run(t, c.Submit((spec(),)))
+    out = run(t, c.Dispatch((Start(2, (0,), 0, after=(1, 1)),), ()))
+    (spawn,) = [a for a in out.actions if isinstance(a, c.Spawn)]
+    assert spawn.after == (1, 1) and spawn.cards == (0,)
+    (save,) = [w for w in out.writes if isinstance(w, c.SaveJob)]
+    (event,) = save.events
+    assert event.message == "attempt 1 on GPUs 0, starting once job 1 exits"
+    assert event.data == {"gpus": [0], "after": 1}
+    assert t.live[2].after == (1, 1) and waiting_ahead(t.live[2], t.live)
+    assert not waiting_ahead(t.live[1], t.live)
+
+
+def test_it_stops_waiting_once_the_job_before_it_has_ended() -> None:
+    t = Table()
+    ahead(t)
+    run(t, c.Ended(1, 1, Facts(ExitStatus(0, None))))
+    assert 1 not in t.live and not waiting_ahead(t.live[2], t.live)
+
+
+def test_its_start_is_when_its_process_came_up_not_when_it_was_claimed() -> None:
+    t = Table()
+    ahead(t)
+    run(t, c.Ended(1, 1, Facts(ExitStatus(0, None))))
+    out = step(t, c.Started(2, 1, 202, 9.0), LATER)
+    t.apply(out.changes)
+    (pid,) = out.writes
+    assert isinstance(pid, c.SetPid)
+    assert pid.attempt.started_at == LATER_ISO and pid.job_started_at == LATER_ISO
+    assert t.jobs[2].started_at == LATER_ISO and t.live[2].attempt.started_at == LATER_ISO
+    assert t.live[2].phase is Phase.RUNNING
+
+
+def test_a_job_not_claimed_ahead_keeps_its_claim_as_its_start() -> None:
+    t = Table()
+    running(t, spec())
+    assert t.jobs[1].started_at == ISO
+    (pid,) = step(t, c.Started(1, 1, 101, None), LATER).writes
+    assert isinstance(pid, c.SetPid) and pid.job_started_at is None
+    assert pid.attempt.started_at == ISO
+
+
+def test_cancelling_it_while_it_waits_tells_its_keeper_to_drop_it() -> None:
+    t = Table()
+    ahead(t)
+    out = run(t, c.Cancel(2))
+    assert c.Kill(2) in out.actions and t.live[2].kill is FailureReason.CANCELLED
+    run(t, c.Ended(2, 1, Facts(None)))  # its keeper dropped it: no process ran
+    assert 2 not in t.jobs and 2 not in t.live  # ended, no longer active
+    assert 1 in t.live and t.live[1].kill is None  # the job before it runs on
+
+
+def test_a_cancelled_follower_ends_cancelled() -> None:
+    t = Table()
+    ahead(t)
+    run(t, c.Cancel(2))
+    out = run(t, c.Ended(2, 1, Facts(None)))
+    (done,) = [a.job for a in out.actions if isinstance(a, c.AttemptEnded)]
+    assert done.state is JobState.CANCELLED and done.reason is FailureReason.CANCELLED
+
+
+def test_a_hang_of_its_card_while_it_waits_queues_it_again_charged_to_nothing() -> None:
+    t = Table()
+    ahead(t)
+    out = run(t, c.HangSeen(2, 0, HANG, {"gpu": 0}))
+    assert out.actions == [c.Kill(2, None)]  # no re-probe on its behalf
+    assert t.live[2].kill is FailureReason.INTERRUPTED
+    out = run(t, c.Ended(2, 1, Facts(None)))
+    (ended,) = [a for a in out.actions if isinstance(a, c.AttemptEnded)]
+    assert ended.job.state is JobState.QUEUED
+    assert ended.attempt.reason == FailureReason.INTERRUPTED.value
+    assert (ended.job.ordinary_used, ended.job.gpu_hang_used) == (0, 0)
+    assert not [w for w in out.writes if isinstance(w, c.RecordHang)]
+
+
+def test_a_hang_once_it_is_up_is_a_hang() -> None:
+    t = Table()
+    ahead(t)
+    run(t, c.Ended(1, 1, Facts(ExitStatus(0, None))))
+    run(t, c.Started(2, 1, 202, None))
+    out = run(t, c.HangSeen(2, 0, HANG, {"gpu": 0}))
+    assert out.actions == [c.Kill(2, 0)] and t.live[2].kill is FailureReason.GPU_HANG
