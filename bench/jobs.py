@@ -115,6 +115,33 @@ def measure_throughput(d: BenchDaemon, jobs: int, gpus: int) -> dict[str, Any]:
     }
 
 
+def measure_handover(d: BenchDaemon, jobs: int, run_s: float, slots: int) -> dict[str, Any]:
+    """`jobs` x `sleep run_s` on `slots` CPU slots in one batch: the wall time beyond the
+    jobs' own (run_s each, `slots` at a time), per job and slot. What a slot stays idle
+    between one job's exit and the next one's start, its own exec included."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        [str(BIN / "gpusv"), "submit", "--gpus", "0", "--batch", "-"],
+        input=f"sleep {run_s}\n" * jobs,
+        env=d.env,
+        cwd=d.root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    finished = d.wait_jobs([int(line) for line in done.stdout.split()])
+    wall = time.perf_counter() - began
+    assert all(j["state"] == "succeeded" for j in finished), "a sleep did not succeed"
+    per_slot = jobs / slots
+    return {
+        "jobs": jobs,
+        "run_s": run_s,
+        "cpu_slots": slots,
+        "wall_s": round(wall, 3),
+        "idle_per_job_ms": round(1000 * (wall - per_slot * run_s) / per_slot, 2),
+    }
+
+
 def _hung(d: BenchDaemon, job: int) -> bool:
     attempts = d.call({"type": "show", "ids": [job]})["job"]["attempts"]
     return bool(attempts) and attempts[0]["reason"] == "gpu_hang"

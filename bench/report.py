@@ -222,6 +222,13 @@ def rows(r: Results) -> list[tuple[str, str]]:
                     f"machine {t['machine_cpu_s']} s CPU",
                 )
             )
+    for mode, h in sorted((r.get("handover") or {}).items()):
+        out.append(
+            (
+                f"{h['jobs']} x sleep {h['run_s']}, starting ahead {mode}",
+                f"slot idle {h['idle_per_job_ms']} ms per job ({h['wall_s']} s)",
+            )
+        )
     t = r.get("tsp") or {}
     if "jobs_per_s" in t:
         out.append(

@@ -29,7 +29,7 @@ from . import report
 from .client import measure_client
 from .dispatch import dispatch_cost
 from .harness import BenchDaemon
-from .jobs import measure_hang, measure_latency, measure_throughput
+from .jobs import measure_handover, measure_hang, measure_latency, measure_throughput
 from .scale import measure_history, measure_queue
 from .tsp import measure_tsp
 
@@ -44,11 +44,12 @@ class Sizes:
     big: int  # jobs queued, and jobs of history
     idle_s: float
     restarts: int
+    handover_jobs: int
 
 
-FULL = Sizes(30, 50, 1000, 5, (100, 10_000, 100_000), 100_000, 30.0, 3)
-QUICK = Sizes(10, 15, 200, 2, (100, 10_000), 10_000, 10.0, 3)
-TINY = Sizes(3, 3, 20, 1, (10, 100), 200, 1.0, 1)  # the smoke test's
+FULL = Sizes(30, 50, 1000, 5, (100, 10_000, 100_000), 100_000, 30.0, 3, 300)
+QUICK = Sizes(10, 15, 200, 2, (100, 10_000), 10_000, 10.0, 3, 100)
+TINY = Sizes(3, 3, 20, 1, (10, 100), 200, 1.0, 1, 6)  # the smoke test's
 
 
 def _machine() -> dict[str, Any]:
@@ -89,6 +90,17 @@ def _cpu_slots(root: Path, s: Sizes, r: dict[str, Any]) -> None:
         r.setdefault("keeper_rss_mb", {}).update(d.keeper_rss_mb())
 
 
+def _handover(root: Path, s: Sizes, r: dict[str, Any]) -> None:
+    """Short jobs (20 ms), with and without starting ahead, one after the other."""
+    out: dict[str, Any] = {}
+    for mode, ahead_s in (("off", 0), ("on", 2)):
+        config = f"cpu_slots = {CPU_SLOTS}\n[jobs]\nstart_ahead_s = {ahead_s}\n"
+        with BenchDaemon(root / f"handover-{mode}", config=config) as d:
+            d.start()
+            out[mode] = measure_handover(d, s.handover_jobs, 0.02, CPU_SLOTS)
+    r["handover"] = out
+
+
 def _sampler(_root: Path, _s: Sizes, r: dict[str, Any]) -> None:
     cost = measure_sampler_cost(jobs=10, per_job=3, passes=50)
     interval = 0.5  # [host_memory] sample_interval_s default
@@ -99,6 +111,7 @@ def _sampler(_root: Path, _s: Sizes, r: dict[str, Any]) -> None:
 SECTIONS: dict[str, Callable[[Path, Sizes, dict[str, Any]], None]] = {
     "fresh": _fresh,
     "cpu": _cpu_slots,
+    "handover": _handover,
     "tsp": lambda root, s, r: r.update(tsp=measure_tsp(root / "tsp", s.throughput_jobs)),
     "sampler": _sampler,
     "dispatch": lambda root, s, r: r.update(dispatch=dispatch_cost(root, s.dispatch_queues)),

@@ -19,10 +19,12 @@ def test_the_bench_runs_end_to_end_at_tiny_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "result.json"
-    assert main(["--tiny", "--only", "fresh,dispatch,queue,history", "--out", str(out)]) == 0
+    sections = "fresh,handover,dispatch,queue,history"
+    assert main(["--tiny", "--only", sections, "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     assert results["client"]["gpusv_submit"]["n"] == 3
     assert results["throughput_gpu"]["jobs"] == 20
+    assert [h["jobs"] for h in results["handover"].values()] == [6, 6]  # off, then on
     assert results["hang"]["line_to_gpu_hang_ms"]["n"] == 1
     assert [d["queued"] for d in results["dispatch"]] == [10, 100]
     assert results["queue"]["cli_batch"]["jobs"] == 200
@@ -34,6 +36,7 @@ def test_the_bench_runs_end_to_end_at_tiny_sizes(
     assert {"gpu0", "gpu1"} <= set(results["keeper_rss_mb"])
     printed = capsys.readouterr().out
     assert "gpusv submit" in printed and "restart -> READY" in printed
+    assert "starting ahead on" in printed
 
 
 def test_a_target_not_measured_is_skipped_not_failed() -> None:
