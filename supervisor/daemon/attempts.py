@@ -13,7 +13,7 @@ import pwd
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,6 +64,18 @@ def _user_of(uid: int) -> tuple[dict[str, str], int | None, int | None, tuple[in
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
     env = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
     return env, uid, entry.pw_gid, groups
+
+
+DROP_WAIT_S = 5.0  # for a held-back spawn's `dropped` answer, before a hung job is killed
+
+
+@dataclass
+class Ahead:
+    """A spawn started ahead, held back by its keeper until `after` exits."""
+
+    after: tuple[int, int]
+    drop: anyio.Event = field(default_factory=anyio.Event)  # set: ask the keeper to drop it
+    answered: anyio.Event = field(default_factory=anyio.Event)  # its spawn call returned
 
 
 @dataclass
@@ -140,7 +152,7 @@ class Runner:
         self.oom_base = ranking.base_value(oom.read_value() or 0)
         self._tg: anyio.abc.TaskGroup | None = None
         self._early: list[Spawn | Kill] = []  # orders published before run() began
-        self._ahead: dict[int, anyio.Event] = {}  # started ahead, not yet up: set to drop
+        self._ahead: dict[int, Ahead] = {}  # started ahead, its spawn not answered yet
         broker.subscribe(Spawn, self._order)
         broker.subscribe(Kill, self._order)
 
@@ -219,13 +231,19 @@ class Runner:
         if live is None or live.attempt.n != n or live.phase is not Phase.SPAWNING:
             return
         name = keeper_name(order.cards)
+        ahead = None
+        if order.after is not None:
+            ahead = self._ahead[job_id] = Ahead(order.after)
         try:
             spec = self._launch_spec(order.job, n, order.cards)
-            drop = None
-            if order.after is not None:
-                drop = self._ahead[job_id] = anyio.Event()
             grace = self.cfg.jobs.kill_grace_s
-            handle = await self.keepers.spawn(name, spec, order.after, drop, grace)
+            drop = ahead.drop if ahead else None
+            try:
+                handle = await self.keepers.spawn(name, spec, order.after, drop, grace)
+            finally:
+                if ahead is not None:
+                    ahead.answered.set()
+                    self._ahead.pop(job_id, None)
         except SpawnError as exc:
             await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
             await self.keepers.forget(name, (job_id, n))
@@ -233,8 +251,6 @@ class Runner:
         except SpawnDropped as exc:
             await self._dropped(job_id, n, name, exc)
             return
-        finally:
-            self._ahead.pop(job_id, None)
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
         p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec
         p.oom_kills_at_start = self.evidence.oom_kills_now()
@@ -346,11 +362,13 @@ class Runner:
         thread under the deadman; the attempt's watcher reports the end."""
         p = self.procs.get(order.job_id)
         if p is None and order.job_id in self._ahead:  # its keeper drops it, or kills it
-            self._ahead[order.job_id].set()  # if it has just started (then Started kills)
+            self._ahead[order.job_id].drop.set()  # if it has just started (Started kills)
             return
         if p is None or p.aborting:
             return
         p.aborting = True
+        if order.reprobe is not None:
+            await self._drop_behind(order.job_id)
         handle, grace, card = p.handle, self.cfg.jobs.kill_grace_s, order.reprobe
         backend = self.monitor.backend
 
@@ -369,6 +387,17 @@ class Runner:
             if card is not None:
                 self.monitor.recovering.discard(card)
                 self.monitor.on_change()
+
+    async def _drop_behind(self, job_id: int) -> None:
+        """Before a hung job is killed, what its keeper holds back to start behind it is
+        dropped, and answered: the keeper would otherwise start it the moment the hung
+        job dies, on the card about to be re-probed (the engine queues it again)."""
+        behind = [a for a in self._ahead.values() if a.after[0] == job_id]
+        for a in behind:
+            a.drop.set()
+        with anyio.move_on_after(DROP_WAIT_S):
+            for a in behind:
+                await a.answered.wait()
 
     def running_json(self) -> list[dict[str, Any]]:
         """The running attempts' processes, for a forensics report."""

@@ -16,6 +16,7 @@ import structlog
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.core.oom import squeeze_victims
+from supervisor.core.table import waiting_ahead
 from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
@@ -56,6 +57,7 @@ class Sampler:
         self.monitor = monitor
         self.hangs = hangs
         self.cfg = cfg.host_memory
+        self.ahead_s = cfg.jobs.start_ahead_s
         self.max_log = cfg.logs.max_size
         self.tree = TreeSampler()
         self.offsets: dict[tuple[int, int], int] = {}
@@ -92,6 +94,7 @@ class Sampler:
         await self._squeeze(meminfo.available_mb)
         await self._watchdog(running)
         await self._limits(running)
+        await self._overrun()
         if self.table.held_counts():
             self.dispatcher.poke()  # the ledger moved: held jobs may fit now
 
@@ -163,6 +166,22 @@ class Sampler:
                     if os.stat(path).st_size > self.max_log:
                         cut = await anyio.to_thread.run_sync(joblogs.cap, path, self.max_log)
                         log.info("job log cut", job_id=r.job_id, path=str(path), bytes=cut)
+
+    async def _overrun(self) -> None:
+        """A job claimed ahead of one that has now run twice `start_ahead_s` (its kind ran
+        short before, this run does not) goes back to the queue: bound to that card or
+        slot, it would wait however long that job runs while another may free first."""
+        limit, now = 2 * self.ahead_s, time.time()
+        for job_id, live in list(self.table.live.items()):
+            if live.after is None or live.kill is not None:
+                continue
+            before = self.table.live.get(live.after[0])
+            if not waiting_ahead(live, self.table.live) or before is None:
+                continue
+            if past_limit(before.attempt.started_at, limit, now):
+                message = f"job {live.after[0]} ahead of it ran past {limit:g} s; queued again"
+                log.info("start ahead released", job_id=job_id, after=live.after[0])
+                await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
     def _kill_of(self, job_id: int) -> FailureReason | None:
         live = self.table.live.get(job_id)

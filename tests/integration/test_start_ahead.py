@@ -148,3 +148,23 @@ def test_a_hang_of_its_card_puts_a_job_claimed_ahead_back_in_the_queue(
     done = d.wait_done(second, timeout=60)
     assert done["state"] == "succeeded"
     assert (done["retries"]["ordinary"]["used"], done["retries"]["gpu_hang"]["used"]) == (0, 0)
+
+
+def test_a_job_claimed_ahead_of_one_that_runs_long_goes_back_to_the_queue(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    """Its kind ran short before, this run does not: past twice `start_ahead_s` the job
+    behind it is let go, so that it is not bound to that card for however long it runs."""
+    d = make_daemon(gpus="1x8G", config="[jobs]\nstart_ahead_s = 1.5\n")
+    first, second = gated_then_behind(d, 1)
+    released = d.wait_for(
+        lambda: (a := attempts(d, second)) and a[0]["reason"] and a, what="its release"
+    )
+    assert released[0]["reason"] == "interrupted" and released[0]["pid"] is None
+    assert "ran past 3 s" in json.dumps(released[0]["evidence"])
+    held = d.wait_for(lambda: (j := d.show(second))["waiting_for"] and j, what="a hold")
+    assert held["state"] == "queued" and d.show(first)["state"] == "running"
+    (d.root / "go").touch()
+    done = d.wait_done(second)
+    assert done["state"] == "succeeded" and done["retries"]["ordinary"]["used"] == 0
+    assert (d.root / "b").read_text() == "ran\n"
