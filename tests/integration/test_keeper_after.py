@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,13 +68,23 @@ def _starts(k: Keeper) -> list[int]:
     return [line["job"] for line in lines if line["e"] == "start"]
 
 
+def _one_held_one_parked(
+    k: Keeper, conn: Connection, parker: Connection | None = None
+) -> tuple[Message, Callable[[], object], Path, int]:
+    """Job 1 running until released; job 2 (it touches its marker) sent to start after
+    it, by `parker` if given. Job 1's record, the release, the marker and job 2's spawn
+    request id."""
+    argv, release = _held(k, "a")
+    a = conn.call("spawn", **k.job(1, argv))["job"]
+    marker = k.home / "b-ran"
+    rid = (parker or conn).send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+    return a, release, marker, rid
+
+
 def test_a_spawn_after_a_running_attempt_starts_once_it_has_ended() -> None:
     with keeper() as k:
         conn = k.connect()
-        argv, release = _held(k, "a")
-        a = conn.call("spawn", **k.job(1, argv))["job"]
-        marker = k.home / "b-ran"
-        rid = conn.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        a, release, marker, rid = _one_held_one_parked(k, conn)
         assert _jobs(conn) == [1]  # parked: no fork, no record, no answer
         release()
         answer = conn.reply(rid)
@@ -124,10 +135,7 @@ def test_a_spawn_after_an_ended_attempt_starts_at_once_acknowledged_or_not() -> 
 def test_a_killed_parked_spawn_is_dropped_and_never_runs() -> None:
     with keeper() as k:
         conn = k.connect()
-        argv, release = _held(k, "a")
-        a = conn.call("spawn", **k.job(1, argv))["job"]
-        marker = k.home / "b-ran"
-        spawn_rid = conn.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        a, release, marker, spawn_rid = _one_held_one_parked(k, conn)
         kill_rid = conn.send("kill", job=2, attempt=1, grace_s=5)
         answers, seen = _answers(conn, spawn_rid, kill_rid)
         assert answers[spawn_rid] == {"id": spawn_rid, "ok": False, "error": DROPPED}
@@ -145,14 +153,23 @@ def test_a_killed_parked_spawn_is_dropped_and_never_runs() -> None:
         assert marker.exists()
 
 
+def _never_ran_after_release(
+    conn: Connection, k: Keeper, release: Callable[[], object], marker: Path
+) -> None:
+    """Once job 1 (what job 2 waited for) has exited: job 2 never started, neither in
+    the keeper's records nor its journal, nor did its command run."""
+    release()
+    assert _exit_event(conn)["job"] == 1
+    assert _jobs(conn) == [1]
+    assert '"job":2' not in (k.home / "journal").read_text()
+    assert not marker.exists()
+
+
 def test_a_parked_spawn_goes_with_the_connection_that_sent_it() -> None:
     with keeper() as k:
         conn = k.connect()
-        argv, release = _held(k, "a")
-        conn.call("spawn", **k.job(1, argv))
-        marker = k.home / "b-ran"
         other = k.connect(attach=False)
-        other.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        _, release, marker, _ = _one_held_one_parked(k, conn, other)
         other.call("ping")  # the spawn before it was read and parked
         assert _jobs(conn) == [1]
         other.close()
@@ -161,11 +178,7 @@ def test_a_parked_spawn_goes_with_the_connection_that_sent_it() -> None:
             lambda: "job 2 attempt 1: its connection closed before it started" in log.read_text(),
             "the parked spawn to be dropped",
         )
-        release()
-        assert _exit_event(conn)["job"] == 1
-        assert _jobs(conn) == [1]
-        assert '"job":2' not in (k.home / "journal").read_text()
-        assert not marker.exists()
+        _never_ran_after_release(conn, k, release, marker)
         assert conn.call("ping")["pid"] == k.pid
         conn.call("spawn", **k.job(2, ["touch", str(marker)]))  # not `exists`
         assert _exit_event(conn)["exit_code"] == 0
@@ -176,10 +189,7 @@ def test_a_newer_attach_drops_the_older_connections_parked_spawns_unanswered() -
     """What recovery relies on: once attached, an attempt without a record never runs."""
     with keeper() as k:
         first = k.connect()
-        argv, release = _held(k, "a")
-        first.call("spawn", **k.job(1, argv))
-        marker = k.home / "b-ran"
-        rid = first.send("spawn", **k.job(2, ["touch", str(marker)], after=AFTER_1))
+        _, release, marker, rid = _one_held_one_parked(k, first)
         first.call("ping")
         second = k.connect(attach=False)
         assert [j["job"] for j in second.call("attach")["jobs"]] == [1]
@@ -188,11 +198,7 @@ def test_a_newer_attach_drops_the_older_connections_parked_spawns_unanswered() -
             while True:
                 seen.append(first.receive())
         assert all(m.get("id") != rid for m in seen), seen
-        release()
-        assert _exit_event(second)["job"] == 1
-        assert _jobs(second) == [1]
-        assert '"job":2' not in (k.home / "journal").read_text()
-        assert not marker.exists()
+        _never_ran_after_release(second, k, release, marker)
 
 
 def test_a_parked_key_exists_and_a_malformed_after_changes_nothing() -> None:
