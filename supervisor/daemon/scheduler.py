@@ -16,9 +16,9 @@ import anyio
 import anyio.abc
 
 from supervisor.core import admission
-from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted
+from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted, Stop
 from supervisor.core.jobqueue import DEVICE_HOLD, Key, array_kind, kind_of, used_before
-from supervisor.core.jobs import JobSpec, JobState
+from supervisor.core.jobs import FailureReason, JobSpec, JobState
 from supervisor.core.table import Live, Phase, waiting_ahead
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
@@ -198,6 +198,13 @@ class Dispatcher:
             uuids = {start.job_id: self.uuids_of(start.gpus)}
             await self.engine.do(Dispatch((start,), (), projections, uuids, frozenset()))
             return
+
+    async def release_ahead(self, message: str) -> None:
+        """Every job claimed ahead and still waiting goes back to the queue (`interrupted`,
+        no budget): a pause lets nothing new start, not even what is already lined up."""
+        lives = self.table.live
+        for job_id in [j for j, r in lives.items() if r.kill is None and waiting_ahead(r, lives)]:
+            await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
     def _followable(self, now_wall: float) -> list[tuple[int, Live]]:
         """Jobs a next one may be claimed behind: up and not being stopped, on one card of

@@ -93,6 +93,8 @@ class Verbs:
         else:
             marker.unlink(missing_ok=True)
         self.api.dispatcher.paused = paused
+        if paused:
+            await self.api.dispatcher.release_ahead("the queue was paused before it started")
         self.api.dispatcher.poke()
         return {"ok": True, "paused": paused}
 

@@ -168,3 +168,22 @@ def test_a_job_claimed_ahead_of_one_that_runs_long_goes_back_to_the_queue(
     done = d.wait_done(second)
     assert done["state"] == "succeeded" and done["retries"]["ordinary"]["used"] == 0
     assert (d.root / "b").read_text() == "ran\n"
+
+
+def test_a_pause_puts_a_job_claimed_ahead_back_in_the_queue(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    """No new job starts while paused, not even one already lined up behind another."""
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second = gated_then_behind(d, 1)
+    d.cli("pause")
+    released = d.wait_for(
+        lambda: (a := attempts(d, second)) and a[0]["reason"] and a, what="its release"
+    )
+    assert [(a["reason"], a["pid"]) for a in released] == [("interrupted", None)]
+    (d.root / "go").touch()
+    assert d.wait_done(first)["state"] == "succeeded"
+    assert d.show(second)["state"] == "queued" and not (d.root / "b").exists()
+    d.cli("resume")
+    assert d.wait_done(second)["state"] == "succeeded"
+    assert (d.root / "b").read_text() == "ran\n"
