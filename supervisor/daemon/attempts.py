@@ -8,8 +8,6 @@ and sends them to the engine, which decides what the end means (core/outcome.py)
 from __future__ import annotations
 
 import contextlib
-import os
-import pwd
 import signal
 import time
 from collections.abc import Callable
@@ -31,15 +29,9 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.keepers import (
-    KeeperGone,
-    Keepers,
-    KeptProcess,
-    SpawnDropped,
-    keeper_name,
-    kill_through,
-)
-from supervisor.daemon.launch import SpawnError
+from supervisor.daemon.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
+from supervisor.daemon.kept import KeptProcess, kill_through
+from supervisor.daemon.launch import SpawnError, user_of
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Record
@@ -50,20 +42,6 @@ if TYPE_CHECKING:
     from supervisor.faults.watchdog import ProgressTracker
 
 log = structlog.get_logger("gpusvd.attempts")
-
-
-def _user_of(uid: int) -> tuple[dict[str, str], int | None, int | None, tuple[int, ...] | None]:
-    """The identity a job runs with: a root daemon becomes the submitter; a non-root
-    daemon can only run jobs as itself, and the server accepts only its own uid."""
-    if os.geteuid() != 0 or uid == os.geteuid():
-        return {}, None, None, None
-    try:
-        entry = pwd.getpwuid(uid)
-    except KeyError:  # never fall back to root's identity; nor guess one
-        raise SpawnError(f"uid {uid} has no passwd entry: cannot set up its groups") from None
-    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    env = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
-    return env, uid, entry.pw_gid, groups
 
 
 DROP_WAIT_S = 5.0  # for a held-back spawn's `dropped` answer, before a hung job is killed
@@ -194,7 +172,7 @@ class Runner:
                 self._tg = None
 
     def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> Spec:
-        user_env, uid, gid, groups = _user_of(job.spec.owner_uid)
+        user_env, uid, gid, groups = user_of(job.spec.owner_uid)
         env = apply_visibility({**job.spec.env, **user_env}, self.monitor.visibility_env(cards))
         env["GPUSV_JOB_ID"] = str(job.id)
         env["GPUSV_ATTEMPT"] = str(n)

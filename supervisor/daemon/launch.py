@@ -1,10 +1,12 @@
 """What the daemon still does to processes itself: kill what an attempt started before
-keepers left behind. (A start is a `supervisor.keeper.spawn.Spec`, sent to a keeper.)"""
+keepers left behind; and who a job runs as. (A start is a `supervisor.keeper.spawn.Spec`,
+sent to a keeper.)"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import time
 
@@ -42,3 +44,17 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def user_of(uid: int) -> tuple[dict[str, str], int | None, int | None, tuple[int, ...] | None]:
+    """The identity a job runs with: a root daemon becomes the submitter; a non-root
+    daemon can only run jobs as itself, and the server accepts only its own uid."""
+    if os.geteuid() != 0 or uid == os.geteuid():
+        return {}, None, None, None
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:  # never fall back to root's identity; nor guess one
+        raise SpawnError(f"uid {uid} has no passwd entry: cannot set up its groups") from None
+    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    env = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
+    return env, uid, entry.pw_gid, groups

@@ -23,7 +23,8 @@ from supervisor.core.jobs import FailureReason, JobState
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.commit import next_job_id
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.keepers import KeeperGone, Keepers, KeptProcess
+from supervisor.daemon.keepers import KeeperGone, Keepers
+from supervisor.daemon.kept import KeptProcess
 from supervisor.daemon.launch import kill_leftover
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.store import Store

@@ -15,7 +15,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.daemon.keepers import KeeperGone, Keepers, exit_status
+from supervisor.daemon.keepers import KeeperGone, Keepers
+from supervisor.daemon.kept import exit_status
 from supervisor.daemon.launch import SpawnError
 from supervisor.keeper import cgroup
 from supervisor.keeper.client import pid_of

@@ -1,0 +1,147 @@
+"""A running attempt's handle: its leader, kept by a keeper, reached over the keeper's
+socket (pid, start time, wait, kill, its processes). The processes are the keeper's
+children, never gpusvd's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+import structlog
+
+from supervisor.core.jobs import ExitStatus
+from supervisor.keeper.client import Connection, KeeperError
+from supervisor.keeper.journal import Key, Record
+
+if TYPE_CHECKING:
+    from supervisor.daemon.keepers import Keeper
+
+log = structlog.get_logger("gpusvd.keepers")
+
+
+def exit_status(record: Record) -> ExitStatus | None:
+    """The leader's status as the runner reports it; None for a `lost` record."""
+    if record.wait_status is not None:
+        return ExitStatus.from_wait_status(record.wait_status)
+    return None
+
+
+@dataclass
+class KeptProcess:
+    """A job's leader, kept by a keeper, reached over the keeper's socket.
+
+    The synchronous methods (tree, signal_tree, kill_tree) serve callers on worker and
+    abort threads: they read the job's cgroup themselves, and a kill opens a connection
+    of its own."""
+
+    keeper: Keeper
+    record: Record
+    ended: Record | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    @property
+    def start_time(self) -> float:
+        return self.record.started_at
+
+    @property
+    def key(self) -> Key:
+        return self.record.key
+
+    @property
+    def known(self) -> dict[int, psutil.Process]:
+        """The job's processes as its cgroup lists them (the sampler's seeds)."""
+        return {proc.pid: proc for proc in self.tree()}
+
+    @property
+    def leader(self) -> psutil.Process | None:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.start_time) < 1.0:
+                return proc
+        return None
+
+    def pids_now(self) -> list[int]:
+        """From cgroup.procs (v2, else v1 memory): no /proc scan, no escape."""
+        for path in (self.record.cgroup, self.record.memcg):
+            if path:
+                try:
+                    return [int(p) for p in Path(path, "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+        leader = self.leader
+        if leader is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [self.pid, *(c.pid for c in leader.children(recursive=True))]
+        return []
+
+    def tree(self, table: object = None) -> list[psutil.Process]:
+        procs = []
+        for pid in self.pids_now():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    procs.append(proc)
+        return procs
+
+    def remember(self, pids: object) -> None:
+        """The cgroup remembers for us."""
+
+    def signal_tree(self, sig: int) -> None:
+        for pid in self.pids_now():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def kill_tree(self, grace_s: float) -> None:
+        """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
+        returns once every process of the job is gone (the keeper answers then)."""
+        if not kill_through(self.keeper.home, self.key, grace_s):
+            self.signal_tree(signal.SIGKILL)
+
+    async def wait(self) -> ExitStatus | None:
+        """The leader's status once its end is on the keeper's disk; None when the keeper
+        found it orphaned (`lost`: killed, true status unknown). Raises KeeperGone if the
+        keeper dies first."""
+        self.ended = await self.keeper.ended(self.key)
+        return exit_status(self.ended)
+
+    async def kill(self, grace_s: float) -> None:
+        await self.keeper.call("kill", job=self.key[0], attempt=self.key[1], grace_s=grace_s)
+
+    async def pids(self) -> list[int]:
+        answer = await self.keeper.call("procs", job=self.key[0], attempt=self.key[1])
+        return [int(pid) for pid in answer["pids"]]
+
+    async def memory(self) -> tuple[int | None, int | None]:
+        """(peak bytes, OOM kills) from the job's own cgroup: the kernel's figures."""
+        answer = await self.keeper.call("memory", job=self.key[0], attempt=self.key[1])
+        return answer["peak_bytes"], answer["oom_kills"]
+
+    async def ack(self, *, answered: bool = True) -> None:
+        """The end is committed: the keeper may forget the record and the cgroups. With
+        answered=False the answer is not waited for (a record left unacknowledged is
+        served again to the next attach, and acknowledged then)."""
+        if answered:
+            await self.keeper.call("ack", job=self.key[0], attempt=self.key[1])
+        else:
+            await self.keeper.tell("ack", job=self.key[0], attempt=self.key[1])
+
+
+def kill_through(home: Path, key: Key, grace_s: float) -> bool:
+    """Blocking: the keeper kills the attempt (or drops it, if it holds it back) and
+    answers once nothing of it is left; False if the keeper could not be asked."""
+    try:
+        with Connection(home / "sock", timeout_s=None) as conn:
+            conn.call("kill", job=key[0], attempt=key[1], grace_s=grace_s)
+    except (OSError, ConnectionError, KeeperError) as exc:
+        log.warning("kill through the keeper failed", job_id=key[0], error=repr(exc))
+        return False
+    return True
