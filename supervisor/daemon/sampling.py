@@ -16,7 +16,6 @@ import structlog
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.core.oom import squeeze_victims
-from supervisor.core.table import waiting_ahead
 from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
@@ -172,16 +171,13 @@ class Sampler:
         short before, this run does not) goes back to the queue: bound to that card or
         slot, it would wait however long that job runs while another may free first."""
         limit, now = 2 * self.ahead_s, time.time()
-        for job_id, live in list(self.table.live.items()):
-            if live.after is None or live.kill is not None:
-                continue
-            before = self.table.live.get(live.after[0])
-            if not waiting_ahead(live, self.table.live) or before is None:
-                continue
+        for job_id, live in self.dispatcher.waiting_ahead():
+            assert live.after is not None  # waiting ahead: it follows one still live
+            before = self.table.live[live.after[0]]
             if past_limit(before.attempt.started_at, limit, now):
                 message = f"job {live.after[0]} ahead of it ran past {limit:g} s; queued again"
                 log.info("start ahead released", job_id=job_id, after=live.after[0])
-                await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
+                await self.dispatcher.release_ahead(message, [job_id])
 
     def _kill_of(self, job_id: int) -> FailureReason | None:
         live = self.table.live.get(job_id)

@@ -199,11 +199,18 @@ class Dispatcher:
             await self.engine.do(Dispatch((start,), (), projections, uuids, frozenset()))
             return
 
-    async def release_ahead(self, message: str) -> None:
-        """Every job claimed ahead and still waiting goes back to the queue (`interrupted`,
-        no budget): a pause lets nothing new start, not even what is already lined up."""
+    def waiting_ahead(self) -> list[tuple[int, Live]]:
+        """Jobs claimed ahead that still wait for the job in front, and are not being
+        stopped already."""
         lives = self.table.live
-        for job_id in [j for j, r in lives.items() if r.kill is None and waiting_ahead(r, lives)]:
+        return [(j, r) for j, r in lives.items() if r.kill is None and waiting_ahead(r, lives)]
+
+    async def release_ahead(self, message: str, job_ids: Iterable[int] | None = None) -> None:
+        """Jobs claimed ahead and still waiting (all, or those named) go back to the queue
+        (`interrupted`, no budget): a pause lets nothing new start, not even what is lined
+        up; and one behind a job that overran is not bound to its card."""
+        chosen = [j for j, _ in self.waiting_ahead()] if job_ids is None else job_ids
+        for job_id in list(chosen):
             await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
     def _followable(self, now_wall: float) -> list[tuple[int, Live]]:
