@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from .cgroup import Roots
+from .direct import Home
 from .jobs import Jobs
 from .journal import Journal
 from .server import Server, log_line
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         os.setsid()
         become_subreaper()  # a fork does not inherit it
     log_line(f"serving {home} (cgroup2 {roots.v2}, memcg {roots.memcg})")
+    if roots.v2 is not None or roots.memcg is not None:
+        jobs.direct, why = Home.probe(roots)  # after the detach: /proc/self is this process
+        how = "jobs of this user start with posix_spawn" if jobs.direct else "jobs start by fork"
+        log_line(how if jobs.direct else f"{how}: {why}")
     server = Server(jobs, listener, log_line)
     # Every fork write-protects the keeper's pages until the child execs; the collector
     # walking start-up's objects would then copy pages for nothing. They live for good.

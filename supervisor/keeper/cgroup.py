@@ -53,16 +53,12 @@ def name(job: int, attempt: int) -> str:
 _v2_memory: dict[str, bool] = {}
 
 
-def make(
-    roots: Roots, job: int, attempt: int, mem_max: int | None, warn: Callable[[str], None]
-) -> Groups:
-    """The job's cgroups, empty and configured. A directory that exists already is left
-    from a start whose keeper died before the command could run: what is in it dies."""
+def make(roots: Roots, job: int, attempt: int, warn: Callable[[str], None]) -> Groups:
+    """The job's cgroups, empty, not yet configured. A directory that exists already is
+    left from a start whose keeper died before the command could run: what is in it dies."""
     v2 = None if roots.v2 is None else _make(f"{roots.v2}/{name(job, attempt)}", warn)
     memcg = None if roots.memcg is None else _make(f"{roots.memcg}/{name(job, attempt)}", warn)
-    groups = Groups(v2, memcg)
-    _configure(groups, mem_max)
-    return groups
+    return Groups(v2, memcg)
 
 
 def _make(path: str, warn: Callable[[str], None]) -> str | None:
@@ -87,7 +83,8 @@ def _has_memory(made: str) -> bool:
     return known
 
 
-def _configure(groups: Groups, mem_max: int | None) -> None:
+def configure(groups: Groups, mem_max: int | None) -> None:
+    """The job's memory limit, and its OOM kills of the whole job."""
     if groups.v2 is not None and _has_memory(groups.v2):
         # Where the kernel OOM-kills inside the job, the whole job goes, not a part of it.
         _write(f"{groups.v2}/memory.oom.group", "1")

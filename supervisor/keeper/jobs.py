@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cgroup, spawn
+from . import cgroup, direct, spawn
 from .journal import Journal, Key, Record
+from .spawn import Spec
 
 Reply = Callable[[dict[str, Any]], None]  # answers one request (ok fields or an error)
 KILL_POLL_S = 0.02
@@ -61,6 +62,7 @@ class Jobs:
         self.on_exit: Callable[[Record], None] = lambda record: None
         self.unwatch: Callable[[int], None] = lambda fd: None  # before a watched fd closes
         self._warned: set[str] = set()
+        self.direct: direct.Home | None = None  # where jobs may start with posix_spawn
 
     def warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -77,12 +79,18 @@ class Jobs:
         if key in self.journal.records:
             raise Refused("exists", f"job {key[0]} attempt {key[1]} was started already")
 
-    def spawn(self, spec: spawn.Spec, reply: Reply) -> Live:
+    def spawn(self, spec: spawn.Spec, reply: Reply) -> Live | None:
+        """The job started, or None when it could not be (answered once that is on disk);
+        Refused when it was refused with nothing recorded."""
         key = (spec.job, spec.attempt)
         self.refuse_started(key)
-        groups = cgroup.make(self.roots, spec.job, spec.attempt, spec.mem_max, self.warn_once)
+        groups = cgroup.make(self.roots, spec.job, spec.attempt, self.warn_once)
         if not groups.any:
             self.warn_once("no cgroup for jobs: their processes are found through the tree")
+        if self.direct is not None and spec.uid is None and groups.any:
+            with contextlib.suppress(direct.NotNow):
+                return self._spawn_direct(self.direct, spec, groups, reply)
+        cgroup.configure(groups, spec.mem_max)
         try:
             forked = spawn.fork(spec, groups)
         except (OSError, spawn.SetupFailed) as exc:  # nothing ran; the cgroups are unused
@@ -112,6 +120,73 @@ class Jobs:
         live = Live(os.pidfd_open(forked.pid), forked.status, reply)
         self.live[key] = live
         return live
+
+    def _spawn_direct(
+        self, home: direct.Home, spec: Spec, groups: cgroup.Groups, reply: Reply
+    ) -> Live | None:
+        """posix_spawn (direct.py). The record, naming the cgroups that will hold the job,
+        is written before the process exists, and its pid once it does: a keeper that
+        dies in between leaves a record whose cgroup the next keeper empties."""
+        try:
+            out = spawn.open_log(spec.stdout, None, None)
+            try:
+                err = out if spec.stderr == spec.stdout else spawn.open_log(spec.stderr, None, None)
+            except BaseException:
+                os.close(out)
+                raise
+        except OSError as exc:
+            cgroup.remove(groups)
+            raise Refused("spawn", _open_failure(exc)) from None
+        try:
+            with home.oom_score_adj(spec.oom_score_adj):  # NotNow: the fork takes it over
+                record = Record(spec.job, spec.attempt, 0, 0, time.time(), *groups)
+                try:
+                    self.journal.append("start", record)
+                except OSError as exc:
+                    cgroup.remove(groups)
+                    self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
+                    raise Refused("spawn", f"cannot record the start: {exc.strerror}") from None
+                pid = home.start(spec, groups, out, err, spawn.devnull())
+        except direct.Failed as exc:
+            if exc.stderr:
+                with contextlib.suppress(OSError):
+                    os.write(err, exc.stderr.encode(errors="replace"))
+            self._never_ran(record, str(exc), reply)
+            return None
+        finally:
+            os.close(out)
+            if err != out:
+                os.close(err)
+        if home.broken:
+            self.log(f"jobs start by fork from now on: {home.broken}")
+            self.direct = None
+        cgroup.configure(groups, spec.mem_max)  # once the keeper is out of the job's cgroup
+        try:
+            self.journal.append("pid", record, pid=pid, start_ticks=spawn.start_ticks(pid) or 0)
+        except OSError as exc:  # the job runs; a successor would find it by its cgroup
+            record.pid = pid
+            self.log(f"job {spec.job} attempt {spec.attempt}: pid {pid} not recorded: {exc}")
+        live = Live(os.pidfd_open(pid), None, None)
+        self.live[(spec.job, spec.attempt)] = live
+        reply({"job": record.to_json()})
+        return live
+
+    def _never_ran(self, record: Record, error: str, reply: Reply) -> None:
+        """The record of a start whose command could not run, ended as a gated child's
+        exit 127 would have ended it; answered once that end is on disk."""
+        self.journal.append(
+            "exit",
+            record,
+            ended_at=time.time(),
+            wait_status=127 << 8,
+            exit_code=127,
+            error=error,
+            peak_bytes=None,
+            oom_kills=None,
+            leftovers=0,
+        )
+        self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
+        self.after_sync.append(lambda: self.on_exit(record))
 
     def exec_outcome(self, key: Key) -> None:
         """The status pipe is readable: EOF means the command runs; text says why not."""

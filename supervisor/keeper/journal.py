@@ -102,7 +102,7 @@ class Journal:
         key = (int(entry["job"]), int(entry["attempt"]))
         if kind in ("start", "rec"):
             self.records[key] = record_from(entry)
-        elif kind == "exit" and key in self.records:
+        elif kind in ("exit", "pid") and key in self.records:
             record = self.records[key]
             for name, value in entry.items():
                 if name in _FIELDS and name not in ("job", "attempt"):
@@ -111,8 +111,9 @@ class Journal:
             self.records.pop(key, None)
 
     def append(self, kind: str, record: Record, **extra: Any) -> None:
-        """Write one line now, whole, or raise OSError with the file as it was. A start
-        needs no sync (module docstring); any other line is durable after sync()."""
+        """Write one line now, whole, or raise OSError with the file as it was. A start,
+        and the pid that follows a start recorded before its process existed, need no
+        sync (module docstring); any other line is durable after sync()."""
         if kind == "start":
             self._write(_encode({"e": kind, **record.to_json()}).encode() + b"\n")
             self.records[record.key] = record  # what replay would build, without a copy
@@ -120,7 +121,7 @@ class Journal:
             entry = {"e": kind, "job": record.job, "attempt": record.attempt, **extra}
             self._write(_encode(entry).encode() + b"\n")
             self._apply(entry)
-            self._dirty = True
+            self._dirty = self._dirty or kind != "pid"
         self.lines += 1
 
     def _write(self, line: bytes) -> None:

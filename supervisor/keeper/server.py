@@ -302,10 +302,12 @@ class Server:
 
     def _start(self, spec: spawn.Spec, reply: Reply) -> None:
         live = self.jobs.spawn(spec, reply)
+        if live is None:  # it could not start: answered once that is on disk
+            return
         key = (spec.job, spec.attempt)
         self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
-        assert live.status_fd is not None
-        self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
+        if live.status_fd is not None:  # a gated fork: exec's outcome comes on this pipe
+            self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
 
     def _status(self, key: Key) -> None:
         live = self.jobs.live.get(key)

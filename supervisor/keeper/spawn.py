@@ -141,7 +141,7 @@ def open_log(path: str, uid: int | None, gid: int | None) -> int:
     return fd
 
 
-def _devnull() -> int:
+def devnull() -> int:
     """The job's stdin: opened once for the keeper's life (close-on-exec), not per job."""
     global _DEVNULL
     if _DEVNULL < 0:
@@ -169,7 +169,7 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
         fds.append(gate_r)
         status_r, status_w = os.pipe()
         fds.append(status_w)
-        null = _devnull()
+        null = devnull()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
             _child(spec, null, joins, gate_r, status_w)
@@ -238,7 +238,7 @@ def _child(
         stage = "exec"
         os.execvpe(spec.argv[0], list(spec.argv), spec.env)
     except BaseException as exc:
-        message = _why(stage, spec.argv[0], exc)
+        message = why(stage, spec.argv[0], exc)
         try:
             if stage.startswith("cannot enter"):  # the job's own stderr says which; the
                 os.write(2, f"gpusv: {message}\n".encode(errors="replace"))  # answer never
@@ -276,7 +276,7 @@ def _own_oom_score_adj(value: int | None) -> None:  # pragma: no cover - in the 
             raise
 
 
-def _why(stage: str, exe: str, exc: BaseException) -> str:
+def why(stage: str, exe: str, exc: BaseException) -> str:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     if stage != "exec":
         return f"{stage}: {reason}"

@@ -80,14 +80,19 @@ class Keeper:
     def output(self, job: int, attempt: int = 1) -> str:
         return (self.home / f"job-{job}-{attempt}.out").read_text()
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL the keeper, leaving its jobs, journal and cgroups as they are."""
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.close()
+        self.conns = []
         pid = pid_of(self.home)
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
             wait_for(lambda: not alive(pid), "the keeper to die")
+
+    def stop(self) -> None:
+        self.kill()
         for root in (self.v2, self.memcg):
             if root is not None and root.exists():
                 for group in root.glob("job-*"):

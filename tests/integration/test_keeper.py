@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from supervisor.keeper.client import Connection, KeeperError, launch
+from supervisor.keeper.journal import Journal
 
 from .keeper_fixture import alive, keeper, wait_for
 
@@ -46,17 +47,23 @@ def test_spawn_records_the_exit_and_forgets_it_once_acknowledged() -> None:
         wait_for(lambda: not (k.v2 / "job-1-1").exists(), "the job's cgroup to go")
 
 
-def test_the_start_record_is_in_the_journal_before_the_command_runs() -> None:
+@pytest.mark.parametrize("cgroups", [True, False], ids=["posix_spawn", "gated fork"])
+def test_the_start_record_is_in_the_journal_before_the_command_runs(cgroups: bool) -> None:
     """Written, not necessarily synced (docs/keepers.md): the command's first act is to
-    copy the journal, and its own start, with its own pid, is in the copy already."""
-    with keeper() as k:
+    copy the journal, and the copy already holds what finds the command's process: its
+    cgroup where it has one (posix_spawn), else its pid (the gated fork)."""
+    with keeper(cgroups=cgroups) as k:
         conn = k.connect()
         seen = k.home / "seen"
         command = ["cp", str(k.home / "journal"), str(seen)]
         record = conn.call("spawn", **k.job(7, command))["job"]
         assert _exit_event(conn)["exit_code"] == 0, k.output(7)
-        starts = [json.loads(line) for line in seen.read_text().splitlines()]
-        assert [(s["e"], s["job"], s["pid"]) for s in starts] == [("start", 7, record["pid"])]
+        (copied,) = Journal(seen).records.values()
+        assert copied.key == (7, 1)
+        if cgroups:
+            assert copied.cgroup is not None and copied.cgroup == record["cgroup"]
+        else:
+            assert copied.cgroup is None and copied.pid == record["pid"]
 
 
 def test_a_command_that_cannot_start_is_refused_with_the_reason() -> None:

@@ -1,0 +1,238 @@
+"""Start a job with posix_spawn(3): no Python runs between fork and exec.
+
+A forked keeper child runs Python until it execs: it copies the keeper's pages it
+touches, and the keeper, write-protected meanwhile, copies the pages it writes. That
+cost more CPU per trivial job than the rest of its spawn (docs/performance.md).
+posix_spawn (a vfork-style clone in glibc) borrows the keeper's memory until exec and
+copies nothing. What the gated child did for itself is done around the call instead:
+
+- cgroups: the keeper joins the job's cgroups, spawns, and goes back to its own; the
+  child is born inside them, so nothing of the job ever runs outside its cgroup;
+- oom_score_adj: the keeper takes the job's value for the call and then its own again
+  (the child inherits it at clone);
+- the working directory: the keeper enters it and returns to its own;
+- stdin, stdout, stderr: file actions; every descriptor of the keeper's is close-on-exec;
+- signals the keeper ignores are reset to their defaults, and the mask is emptied.
+
+posix_spawn cannot change ids, so a job of another user keeps the gated fork (spawn.py),
+which drops them before it enters the working directory. It cannot wait at a gate
+either: the record that lets a successor find the job, the cgroup, is written before
+the call (jobs.py). A keeper that cannot make a cgroup, or cannot leave one, keeps the
+gated fork too: `Home.probe` tells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+from . import cgroup
+from .spawn import Spec, why
+
+# Python ignores SIGPIPE and SIGXFSZ, and ignored signals stay ignored across exec; the
+# keeper's own handlers (SIGCHLD, SIGTERM) are reset by exec anyway.
+_DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM)
+
+
+class NotNow(Exception):
+    """This spawn cannot go this way (an oom_score_adj the keeper may not take): fork."""
+
+
+class Failed(Exception):
+    """Nothing of the command ran; the reason, as a gated child would have told it. With
+    `stderr`, a line for the job's stderr as well."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
+
+
+class Home:
+    """Where the keeper returns after each spawn: its cgroups, working directory and
+    oom_score_adj, held open for its life."""
+
+    def __init__(self, procs: list[int], cwd: int, adj_fd: int, adj: int) -> None:
+        self.procs = procs  # cgroup.procs of the keeper's own cgroups, one per root
+        self.cwd = cwd
+        self.adj_fd = adj_fd
+        self.adj = self.current = adj
+        self.broken = ""  # why this keeper must fork again, once something went wrong
+
+    @classmethod
+    def probe(cls, roots: cgroup.Roots) -> tuple[Home | None, str]:
+        """The keeper's home, once it has been into a cgroup under every root and back;
+        or None, and why the gated fork stays."""
+        mine = own_cgroups(roots)
+        if mine is None:
+            return None, "its own cgroups cannot be found"
+        opened: list[int] = []
+        try:
+            for own in mine:
+                opened.append(os.open(f"{own}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+            probe = f"probe-{os.getpid()}"
+            groups = cgroup.Groups(*(None if r is None else f"{r}/{probe}" for r in roots))
+            for path in (groups.v2, groups.memcg):
+                if path is not None:
+                    os.makedirs(path, exist_ok=True)
+            adj_fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+            opened.append(adj_fd)
+            adj = int(os.read(adj_fd, 16))
+            cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            opened.append(cwd)
+        except (OSError, ValueError) as exc:
+            for fd in opened:
+                os.close(fd)
+            return None, f"cannot hold its own cgroups: {exc}"
+        home = cls(opened[:-2], cwd, adj_fd, adj)
+        try:
+            with home._inside(groups):
+                pass
+        except OSError as exc:
+            home.broken = f"cannot enter a cgroup: {exc.strerror}"
+        finally:
+            with contextlib.suppress(OSError):
+                cgroup.remove(groups)
+        if home.broken:
+            for fd in opened:
+                os.close(fd)
+            return None, home.broken
+        return home, ""
+
+    @contextlib.contextmanager
+    def oom_score_adj(self, value: int | None) -> Iterator[None]:
+        """The job's value, for its child to inherit, until the keeper's own comes back.
+        A value the keeper may not take (lower, unprivileged) raises NotNow at once."""
+        self._set_adj(0 if value is None else value)  # always: a keeper may run far below
+        try:
+            yield
+        finally:
+            try:
+                self._set_adj(self.adj)
+            except NotNow as exc:  # kept: the job's value, which is above the keeper's
+                self.broken = f"cannot take its own oom_score_adj back: {exc}"
+
+    def start(self, spec: Spec, groups: cgroup.Groups, out: int, err: int, null: int) -> int:
+        """The job's pid, its command exec'd (inside oom_score_adj). Raises Failed when
+        the command could not start: nothing of it ran."""
+        with self._inside(groups):
+            try:
+                os.chdir(spec.cwd)
+            except OSError as exc:
+                stage = f"cannot enter working directory {spec.cwd}"
+                raise Failed(
+                    f"{stage}: missing or not permitted (the job's stderr says which)",
+                    f"gpusv: {why(stage, spec.argv[0], exc)}\n",
+                ) from None
+            try:
+                exe = _executable(spec)  # in the job's directory: PATH may be relative
+                return os.posix_spawn(
+                    exe,
+                    list(spec.argv),
+                    spec.env,
+                    file_actions=[
+                        (os.POSIX_SPAWN_DUP2, null, 0),
+                        (os.POSIX_SPAWN_DUP2, out, 1),
+                        (os.POSIX_SPAWN_DUP2, err, 2),
+                    ],
+                    setsid=True,
+                    setsigdef=_DEFAULTS,
+                    setsigmask=(),
+                )
+            except OSError as exc:
+                raise Failed(why("exec", spec.argv[0], exc)) from None
+            finally:
+                os.fchdir(self.cwd)
+
+    @contextlib.contextmanager
+    def _inside(self, groups: cgroup.Groups) -> Iterator[None]:
+        joins = cgroup.join_fds(groups)
+        try:
+            for fd in joins:
+                os.write(fd, b"0")
+            yield
+        finally:
+            for fd in joins:
+                os.close(fd)
+            try:
+                for fd in self.procs:
+                    os.write(fd, b"0")
+            except OSError as exc:  # the probe came back this way: not seen to happen
+                self.broken = f"cannot go back to its own cgroup: {exc.strerror}"
+
+    def _set_adj(self, value: int) -> None:
+        if value == self.current:
+            return
+        try:
+            os.write(self.adj_fd, str(value).encode())
+        except OSError as exc:
+            raise NotNow(f"oom_score_adj {value}: {exc.strerror}") from None
+        self.current = value
+
+
+def own_cgroups(roots: cgroup.Roots) -> list[str] | None:
+    """This process's cgroup in the hierarchy of each root (v2, then v1 memory), from
+    /proc/self/cgroup and the mount of that hierarchy; None when one cannot be found."""
+    mounts = _cgroup_mounts()
+    own = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        ident, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if ident == "0" and controllers == "":
+            own["v2"] = path
+        elif "memory" in controllers.split(","):
+            own["memcg"] = path
+    found = []
+    for kind, root in (("v2", roots.v2), ("memcg", roots.memcg)):
+        if root is None:
+            continue
+        mount = next((m for m in mounts[kind] if (root + "/").startswith(m + "/")), None)
+        if mount is None or kind not in own:
+            return None
+        path = mount + own[kind].rstrip("/")
+        if not os.path.isdir(path):
+            return None
+        found.append(path)
+    return found
+
+
+def _cgroup_mounts() -> dict[str, list[str]]:
+    """Mount points of cgroup2, and of the v1 hierarchy that holds memory."""
+    mounts: dict[str, list[str]] = {"v2": [], "memcg": []}
+    for line in _read("/proc/self/mountinfo").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        if tail[0] == "cgroup2":
+            mounts["v2"].append(fields[4])
+        elif tail[0] == "cgroup" and "memory" in tail[2].split(","):
+            mounts["memcg"].append(fields[4])
+    return mounts
+
+
+def _executable(spec: Spec) -> str:
+    """argv[0] searched in the job's own PATH, as execvpe would: the first that may be
+    executed; else why not (a file that may not be run, or none at all)."""
+    name = spec.argv[0]
+    if "/" in name:
+        return name
+    denied = False
+    for folder in os.get_exec_path(spec.env):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return path
+            denied = True
+    if denied:
+        raise Failed(why("exec", name, PermissionError(13, "Permission denied")))
+    raise Failed(why("exec", name, FileNotFoundError(2, "No such file or directory")))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
