@@ -30,9 +30,9 @@ def abandon(state_dir: Path) -> None:
         for proc in found:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        psutil.wait_procs(found, timeout=5.0)
+        _wait_dead(found, timeout_s=5.0)
         quiet = 0 if found else quiet + 1
-        time.sleep(0.1)
+        time.sleep(0.05)
     for base in keeper_roots(cgroup_tag(state_dir)):
         if base is None or not base.exists():
             continue
@@ -42,6 +42,24 @@ def abandon(state_dir: Path) -> None:
                 group.rmdir()
             keeper_root.rmdir()
         base.rmdir()
+
+
+def _wait_dead(procs: list[psutil.Process], timeout_s: float) -> None:
+    """Until each is gone or a zombie: a killed keeper is nobody's child by design, and
+    whoever reaps orphans here (init, a subreaper) may take its time; dead is enough."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(procs)
+    while waiting and time.monotonic() < deadline:
+        waiting = [p for p in waiting if _alive(p)]
+        if waiting:
+            time.sleep(0.01)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def keeper_processes(root: Path) -> list[psutil.Process]:
