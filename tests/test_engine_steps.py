@@ -15,6 +15,7 @@ from supervisor.core.outcome import Facts
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt, Event
 from supervisor.core.table import Live, Phase, Table
+from supervisor.daemon.clock import epoch_from_iso, iso_from_epoch
 
 NOW = c.Now(1_700_000_000.0, 500.0)
 ISO = "2023-11-14T22:13:20.000Z"  # NOW.wall
@@ -458,3 +459,18 @@ def test_a_job_held_for_its_kind_of_device_while_none_was_free_is_settled() -> N
         run(t, c.Submit((spec(gpus=gpus),)))
         out = run(t, c.Dispatch((), (Hold(1, reason, "waiting"),), full=full))  # type: ignore[arg-type]
         assert out.changes.settle == settled, (gpus, reason, full)
+
+
+def test_recover_takes_a_start_it_never_committed_from_the_keeper_with_its_moment() -> None:
+    """Killed before the start's commit: the store has the claim's time and no pid; the
+    keeper's record has both, and the attempt (and the job, on its first) start then."""
+    t = Table()
+    job = Job(8, spec(), JobState.RUNNING, attempts=1, started_at=ISO)
+    attempt = Attempt(8, 1, (0,), ISO, "")
+    began = epoch_from_iso(ISO) + 1.5
+    cmd = c.Recover((job,), {8: attempt}, frozenset(), {}, 10, adopted={8: (88, began)})
+    out = run(t, cmd)
+    later = iso_from_epoch(began)
+    moved = replace(attempt, pid=88, pid_start=began, started_at=later)
+    assert out.writes == [c.SetPid(moved, later)]
+    assert t.live[8].attempt == moved and t.jobs[8].started_at == later

@@ -247,8 +247,15 @@ def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
     start left none in the store."""
     pid, pid_start = cmd.adopted[job.id]
     if (attempt.pid, attempt.pid_start) != (pid, pid_start):
-        attempt = dataclasses.replace(attempt, pid=pid, pid_start=pid_start)
-        d.out.writes.append(SetPid(attempt))
+        # The start was never committed here, so neither was its moment: the claim's
+        # stands in the store, earlier by as long as a job claimed ahead waited.
+        started = attempt.started_at if pid_start is None else Now(pid_start, 0.0).iso
+        job_started_at = None
+        if job.started_at == attempt.started_at and started != job.started_at:
+            job_started_at = started
+            job = dataclasses.replace(job, started_at=started)
+        attempt = dataclasses.replace(attempt, pid=pid, pid_start=pid_start, started_at=started)
+        d.out.writes.append(SetPid(attempt, job_started_at))
     seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
     d.c.seq = seq
     d.c.jobs[job.id] = job
