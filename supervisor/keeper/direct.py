@@ -34,6 +34,7 @@ from .spawn import Spec, why
 # Python ignores SIGPIPE and SIGXFSZ, and ignored signals stay ignored across exec; the
 # keeper's own handlers (SIGCHLD, SIGTERM) are reset by exec anyway.
 _DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM)
+_NO_JOIN = "cannot start the job: cannot join its cgroup: {}"
 
 
 class NotNow(Exception):
@@ -89,8 +90,8 @@ class Home:
         try:
             with home._inside(groups):
                 pass
-        except OSError as exc:
-            home.broken = f"cannot enter a cgroup: {exc.strerror}"
+        except Failed as exc:
+            home.broken = str(exc)
         finally:
             with contextlib.suppress(OSError):
                 cgroup.remove(groups)
@@ -147,10 +148,18 @@ class Home:
 
     @contextlib.contextmanager
     def _inside(self, groups: cgroup.Groups) -> Iterator[None]:
-        joins = cgroup.join_fds(groups)
         try:
-            for fd in joins:
-                os.write(fd, b"0")
+            joins = cgroup.join_fds(groups)
+        except OSError as exc:
+            raise Failed(f"cannot start the job: cannot join its cgroup: {exc.strerror}") from None
+        try:
+            try:
+                for fd in joins:
+                    os.write(fd, b"0")
+            except OSError as exc:
+                raise Failed(
+                    f"cannot start the job: cannot join its cgroup: {exc.strerror}"
+                ) from None
             yield
         finally:
             for fd in joins:

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from supervisor.keeper import cgroup
+from supervisor.keeper import cgroup, direct
+from supervisor.keeper.spawn import Spec
 
 from .keeper_fixture import keeper
 
@@ -117,3 +118,11 @@ def test_a_keeper_killed_between_the_record_and_the_pid_leaves_nothing_running()
             if stray.poll() is None:
                 stray.kill()
                 stray.wait()
+
+
+def test_a_cgroup_that_cannot_be_joined_fails_the_start_before_anything_runs() -> None:
+    home = direct.Home([], os.open("/", os.O_RDONLY | os.O_DIRECTORY), -1, 0)
+    spec = Spec(1, 1, ("true",), "/", {}, "/dev/null", "/dev/null")
+    with pytest.raises(direct.Failed, match="cannot join its cgroup"):
+        home.start(spec, cgroup.Groups("/nonexistent/job-1-1"), 1, 2, 0)
+    os.close(home.cwd)
