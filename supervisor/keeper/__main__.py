@@ -21,6 +21,7 @@ from .direct import Home
 from .jobs import Jobs
 from .journal import Journal
 from .server import Server, log_line
+from .takeover import take_over
 
 PR_SET_CHILD_SUBREAPER = 36
 EXIT_HELD = 3
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if not become_subreaper():
         log_line("cannot become a child subreaper: orphans of jobs go to init")
     jobs = Jobs(Journal(home / "journal"), roots, log_line)
-    jobs.take_over()
+    take_over(jobs)
     listener = _listen(home / "sock")
     if args.detach and os.fork() != 0:
         os._exit(0)  # the caller's wait ends here: the socket already listens

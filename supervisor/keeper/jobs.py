@@ -259,13 +259,13 @@ class Jobs:
         killing = self.killing.get(key)
         if killing is None:
             killing = self.killing[key] = Killing(time.monotonic() + grace_s)
-            self._signal(record, signal.SIGTERM)
-            self._signal(record, signal.SIGCONT)
+            self.send(record, signal.SIGTERM)
+            self.send(record, signal.SIGCONT)
         killing.deadline = min(killing.deadline, time.monotonic() + grace_s)
         killing.waiters.append(reply)
         self.tick()
 
-    def _signal(self, record: Record, sig: int) -> None:
+    def send(self, record: Record, sig: int) -> None:
         groups = self.groups(record)
         if not record.ended:  # the session id is the leader's pid only while it lives
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -295,7 +295,7 @@ class Jobs:
                 if groups.any:
                     cgroup.kill_all(groups)
                 else:
-                    self._signal(record, signal.SIGKILL)
+                    self.send(record, signal.SIGKILL)
         for key, groups in list(self.removing.items()):
             if self._remove(groups):
                 del self.removing[key]
@@ -355,42 +355,6 @@ class Jobs:
         if record is None:
             raise Refused("unknown", f"job {key[0]} attempt {key[1]} is not known here")
         return record
-
-    # -- orphans of a keeper that died -----------------------------------------------
-
-    def take_over(self) -> None:
-        """At start: a record with no end belongs to a keeper that died while the job ran.
-        We are not its parent and cannot learn its status: kill it, record it lost."""
-        for record in list(self.journal.records.values()):
-            if record.ended:
-                continue
-            groups = self.groups(record)
-            if groups.any:
-                for path in (groups.v2, groups.memcg):
-                    if path is not None and os.path.exists(path):
-                        cgroup.empty_out(path)
-            elif spawn.start_ticks(record.pid) == record.start_ticks:
-                self._signal(record, signal.SIGKILL)
-            peak, oom = cgroup.memory(groups)
-            self.journal.append(
-                "exit", record, ended_at=time.time(), lost=True, peak_bytes=peak, oom_kills=oom
-            )
-            self.log(f"job {record.job} attempt {record.attempt}: its keeper died; killed")
-        self._sweep_strays()
-        self.journal.sync()
-
-    def _sweep_strays(self) -> None:
-        """Cgroups with no record are left by forks whose start was never recorded: their
-        child never ran its command. Empty and remove them."""
-        known = {cgroup.name(*key) for key in self.journal.records}
-        for root in (self.roots.v2, self.roots.memcg):
-            if root is None or not os.path.isdir(root):
-                continue
-            for entry in os.scandir(root):
-                job = entry.name.startswith("job-") and "-" in entry.name[4:]
-                if job and entry.is_dir() and entry.name not in known:
-                    cgroup.empty_out(entry.path)
-                    cgroup.remove(cgroup.Groups(entry.path))
 
 
 def _open_gate(gate: int) -> None:

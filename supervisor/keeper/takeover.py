@@ -1,0 +1,49 @@
+"""At a keeper's start: the jobs of a keeper that died before it, and what its forks left.
+
+A record with no end belongs to a keeper that died while the job ran: the new keeper is
+not the job's parent and cannot learn its status, so it kills the job and records it
+lost. A record with pid 0 is a posix_spawn start whose pid was never written: its
+cgroup holds whatever of it started. A job cgroup with no record was left by a start
+that was never recorded: emptied and removed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from . import cgroup, spawn
+from .jobs import Jobs
+
+
+def take_over(jobs: Jobs) -> None:
+    for record in list(jobs.journal.records.values()):
+        if record.ended:
+            continue
+        groups = jobs.groups(record)
+        if groups.any:
+            for path in (groups.v2, groups.memcg):
+                if path is not None and os.path.exists(path):
+                    cgroup.empty_out(path)
+        elif spawn.start_ticks(record.pid) == record.start_ticks:
+            jobs.send(record, signal.SIGKILL)
+        peak, oom = cgroup.memory(groups)
+        jobs.journal.append(
+            "exit", record, ended_at=time.time(), lost=True, peak_bytes=peak, oom_kills=oom
+        )
+        jobs.log(f"job {record.job} attempt {record.attempt}: its keeper died; killed")
+    _sweep_strays(jobs)
+    jobs.journal.sync()
+
+
+def _sweep_strays(jobs: Jobs) -> None:
+    known = {cgroup.name(*key) for key in jobs.journal.records}
+    for root in (jobs.roots.v2, jobs.roots.memcg):
+        if root is None or not os.path.isdir(root):
+            continue
+        for entry in os.scandir(root):
+            job = entry.name.startswith("job-") and "-" in entry.name[4:]
+            if job and entry.is_dir() and entry.name not in known:
+                cgroup.empty_out(entry.path)
+                cgroup.remove(cgroup.Groups(entry.path))
