@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("gpusvd.attempts")
 
-
 DROP_WAIT_S = 5.0  # for a held-back spawn's `dropped` answer, before a hung job is killed
 
 
@@ -373,9 +372,12 @@ class Runner:
         behind = [a for a in self._ahead.values() if a.after[0] == job_id]
         for a in behind:
             a.drop.set()
-        with anyio.move_on_after(DROP_WAIT_S):
-            for a in behind:
-                await a.answered.wait()
+        await _answers(behind)
+
+    async def ahead_answered(self) -> None:
+        """Every held-back spawn answered: a drain stops those first, else the keeper
+        starts one the moment the job in front dies, before the drop reaches it."""
+        await _answers(list(self._ahead.values()))
 
     def running_json(self) -> list[dict[str, Any]]:
         """The running attempts' processes, for a forensics report."""
@@ -390,3 +392,9 @@ class Runner:
         for p in self.procs.values():
             with contextlib.suppress(Exception):
                 p.handle.signal_tree(signal.SIGKILL)
+
+
+async def _answers(spawns: list[Ahead]) -> None:
+    with anyio.move_on_after(DROP_WAIT_S):
+        for a in spawns:
+            await a.answered.wait()

@@ -33,6 +33,9 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
             idle.set()
 
     parts.broker.subscribe(Changed, check)
+    for job_id, _ in parts.dispatcher.waiting_ahead():  # before the jobs they wait behind
+        await parts.engine.do(Stop(job_id, FailureReason.INTERRUPTED))
+    await parts.runner.ahead_answered()
     for job_id in list(table.live):
         await parts.engine.do(Stop(job_id, FailureReason.INTERRUPTED))
     with anyio.move_on_after(grace + 10):
