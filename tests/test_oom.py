@@ -38,6 +38,29 @@ def test_base_value_never_below_zero_nor_below_the_daemon() -> None:
 
 def test_newest_job_is_the_last_dispatched() -> None:
     assert ranking.newest_job({4: 17, 9: 12, 2: 30}) == 2
+
+
+# own, sigkill, in_kernel_log, daemon_moved, squeezed -> source
+SOURCES = [
+    (1, False, False, False, False, "job_cgroup_oom_kill"),  # a child killed, leader exits 1
+    (1, True, True, True, True, "job_cgroup_oom_kill"),
+    (0, False, True, True, True, None),  # no SIGKILL: never an OOM kill
+    (0, True, True, False, False, "kernel_log"),
+    (None, True, False, True, False, "cgroup_oom_kill"),  # no counter of its own
+    (0, True, False, True, False, None),  # the daemon's counter moved for another job
+    (0, True, False, True, True, "memory_squeeze"),  # a userspace OOM killer
+    (None, True, False, False, False, None),  # a kill -9 by hand
+]
+
+
+@pytest.mark.parametrize(("own", "sigkill", "line", "moved", "squeezed", "source"), SOURCES)
+def test_why_an_end_counts_as_an_oom_kill(
+    own: int | None, sigkill: bool, line: bool, moved: bool, squeezed: bool, source: str | None
+) -> None:
+    got = ranking.oom_source(
+        sigkill=sigkill, own=own, in_kernel_log=line, daemon_moved=moved, squeezed=squeezed
+    )
+    assert got == source
     assert ranking.newest_job({}) is None
 
 

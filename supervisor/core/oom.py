@@ -68,3 +68,25 @@ def squeeze_victims(
         if available_mb + freed >= squeeze_below_mb:
             break
     return victims
+
+
+def oom_source(
+    *, sigkill: bool, own: int | None, in_kernel_log: bool, daemon_moved: bool, squeezed: bool
+) -> str | None:
+    """Why an attempt's end counts as an OOM kill (its `evidence` source), or None.
+
+    own: the OOM kills its own cgroup counted (None where it has no such counter); it
+    decides first, whatever the exit looks like (the kernel may have killed a child only).
+    Otherwise only a SIGKILL can be one: its pid in a kernel OOM line; the daemon's
+    cgroup counter moved since it started, which is evidence only where the job has no
+    counter of its own (else it moved for another job); or a memory squeeze just before
+    (a userspace OOM killer sends SIGKILL and moves no counter)."""
+    if own:
+        return "job_cgroup_oom_kill"
+    if not sigkill:
+        return None
+    if in_kernel_log:
+        return "kernel_log"
+    if own is None and daemon_moved:
+        return "cgroup_oom_kill"
+    return "memory_squeeze" if squeezed else None

@@ -97,7 +97,7 @@ class Evidence(Protocol):
         self, cards: tuple[int, ...], since: float
     ) -> dict[str, Any] | None: ...
 
-    def oom_evidence(self, p: Proc, status: ExitStatus) -> str | None: ...
+    def oom_evidence(self, p: Proc, status: ExitStatus, own: int | None) -> str | None: ...
 
     def oom_kills_now(self) -> int | None: ...
 
@@ -296,8 +296,7 @@ class Runner:
                     "at": (hang.get("at") or [None])[-1],
                 }
         ended = p.handle.ended
-        job_oom = ended is not None and (ended.oom_kills or 0) > 0
-        oom_why = "job_cgroup_oom_kill" if job_oom else self.evidence.oom_evidence(p, status)
+        oom_why = self.evidence.oom_evidence(p, status, ended.oom_kills if ended else None)
         if _may_have_leftovers(ended) and p.handle.tree():  # descendants outlived the leader
             handle = p.handle
             with contextlib.suppress(Exception):

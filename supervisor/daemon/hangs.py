@@ -17,6 +17,7 @@ import structlog
 
 from supervisor.core.commands import AttemptEnded, HangSeen, Reclassify
 from supervisor.core.jobs import ExitStatus, FailureReason
+from supervisor.core.oom import oom_source
 from supervisor.core.records import Attempt
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.cgroups import oom_kill_count, own_memory_cgroup
@@ -203,19 +204,21 @@ class HangWatcher:
             return found
         return None
 
-    def oom_evidence(self, p: Proc, status: ExitStatus) -> str | None:
-        if status.signal != signal.SIGKILL:
-            return None
-        pids = set(p.handle.known) | {p.handle.pid}
-        if pids & set(self.oom_pids):
-            return "kernel_log"
-        if self.cgroup is not None and p.oom_kills_at_start is not None:
-            count = oom_kill_count(self.cgroup)
-            if count is not None and count > p.oom_kills_at_start:
-                return "cgroup_oom_kill"
-        if time.monotonic() - self.squeezed_at < 5.0:
-            return "memory_squeeze"
-        return None
+    def oom_evidence(self, p: Proc, status: ExitStatus, own: int | None) -> str | None:
+        """The facts core/oom.py's `oom_source` weighs; the daemon's counter read only
+        where it could count."""
+        sigkill = status.signal == signal.SIGKILL
+        moved = False
+        if sigkill and own is None and self.cgroup is not None:
+            count, start = oom_kill_count(self.cgroup), p.oom_kills_at_start
+            moved = count is not None and start is not None and count > start
+        return oom_source(
+            sigkill=sigkill,
+            own=own,
+            in_kernel_log=bool((set(p.handle.known) | {p.handle.pid}) & set(self.oom_pids)),
+            daemon_moved=moved,
+            squeezed=time.monotonic() - self.squeezed_at < 5.0,
+        )
 
     def oom_kills_now(self) -> int | None:
         return oom_kill_count(self.cgroup) if self.cgroup is not None else None
