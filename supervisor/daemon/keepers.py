@@ -8,18 +8,18 @@ pushed to us once it is on the keeper's disk. A running attempt's handle is a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
-from anyio.abc import SocketStream, TaskGroup
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.daemon.kept import KeptProcess
 from supervisor.daemon.launch import SpawnError
@@ -59,17 +59,67 @@ class SpawnDropped(Exception):
         self.gone = gone
 
 
+class Wire(asyncio.Protocol):
+    """A keeper connection's bytes, on asyncio's own transport: each whole line goes to
+    `on_message` from the loop's read callback, and a write is one `send`, with no task
+    in between. (anyio's socket stream registers the socket with the selector anew for
+    every read: two epoll calls and a task wake-up per message, three messages a job.)"""
+
+    def __init__(self, name: str, on_message: Callable[[dict[str, Any]], None]) -> None:
+        self.name = name
+        self.on_message = on_message
+        self.on_lost: Callable[[], None] = lambda: None
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        start = 0
+        while (end := self.buffer.find(b"\n", start)) >= 0:
+            line, start = bytes(self.buffer[start:end]), end + 1
+            try:
+                message = json.loads(line)
+                if not isinstance(message, dict):
+                    raise ValueError("not an object")
+                self.on_message(message)
+            except (ValueError, KeyError, TypeError) as exc:  # not a keeper of ours: leave it
+                log.error("keeper sent a bad line", keeper=self.name, error=repr(exc))
+                self.close()
+                return
+        del self.buffer[:start]
+        if len(self.buffer) > MAX_LINE:
+            log.error("keeper line too long", keeper=self.name, bytes=len(self.buffer))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.on_lost()
+
+    def write(self, data: bytes) -> bool:
+        """Whether it was handed to the transport (False once the connection closes)."""
+        if self.transport is None or self.transport.is_closing():
+            return False
+        self.transport.write(data)
+        return True
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
 @dataclass
 class Keeper:
     name: str
     home: Path
-    stream: SocketStream
+    wire: Wire
     pid: int = 0
     _next: int = 0
     _replies: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = field(default_factory=dict)
     _ended: dict[Key, Record] = field(default_factory=dict)
     _waiting: dict[Key, anyio.Event] = field(default_factory=dict)
-    _send_lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
     gone: bool = False
     features: frozenset[str] = frozenset()  # as its attach announced them
 
@@ -126,11 +176,8 @@ class Keeper:
 
     async def _send(self, rid: int, op: str, fields: dict[str, Any]) -> None:
         line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
-        try:
-            async with self._send_lock:
-                await self.stream.send(line.encode())
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            raise KeeperGone(f"keeper {self.name}: {exc!r}") from None
+        if not self.wire.write(line.encode()):
+            raise KeeperGone(f"keeper {self.name}: its connection is closed")
 
     async def ended(self, key: Key) -> Record:
         while key not in self._ended:
@@ -145,19 +192,6 @@ class Keeper:
         event = self._waiting.pop(record.key, None)
         if event is not None:
             event.set()
-
-    async def read_loop(self) -> None:
-        reader = BufferedByteReceiveStream(self.stream)
-        try:
-            while True:
-                line = await reader.receive_until(b"\n", MAX_LINE)
-                self._dispatch(json.loads(line))
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
-            pass
-        except anyio.ClosedResourceError:
-            pass
-        finally:
-            self._lost()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         if message.get("event") == "exit":
@@ -187,22 +221,14 @@ class Keepers:
         self.root = state_dir / "keepers"
         self.cgroup2, self.memcg = cgroup2, memcg
         self.keepers: dict[str, Keeper] = {}
-        self._tg: TaskGroup | None = None
         self._lock = anyio.Lock(fast_acquire=True)
 
     async def __aenter__(self) -> Keepers:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()  # the readers; the keepers themselves live on
-        with anyio.CancelScope(shield=True):
-            for keeper in self.keepers.values():
-                with contextlib.suppress(OSError, anyio.BrokenResourceError):
-                    await keeper.stream.aclose()
-        return await self._tg.__aexit__(*exc)
+    async def __aexit__(self, *exc: Any) -> None:
+        for keeper in self.keepers.values():  # the connections; the keepers live on
+            keeper.wire.close()
 
     def home(self, name: str) -> Path:
         return self.root / name
@@ -226,10 +252,7 @@ class Keepers:
             home = self.home(name)
             v2, v1 = self.roots(name)
             await anyio.to_thread.run_sync(launch, home, v2, v1)
-            stream = await anyio.connect_unix(home / "sock")
-            keeper = Keeper(name, home, stream)
-            assert self._tg is not None
-            self._tg.start_soon(keeper.read_loop)
+            keeper = await _connect(name, home)
             answer = await keeper.call("attach")
             keeper.pid = int(answer["pid"])
             keeper.features = frozenset(answer.get("features") or ())
@@ -319,3 +342,12 @@ def _spawn_fields(spec: Spec) -> dict[str, Any]:
     """The spawn request's fields: Spec's own, shallow (dataclasses.asdict deep-copies
     the environment, once per job)."""
     return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
+async def _connect(name: str, home: Path) -> Keeper:
+    wire = Wire(name, lambda message: keeper._dispatch(message))
+    keeper = Keeper(name, home, wire)
+    wire.on_lost = keeper._lost
+    loop = asyncio.get_running_loop()
+    await loop.create_unix_connection(lambda: wire, str(home / "sock"))
+    return keeper

@@ -1,0 +1,73 @@
+"""The daemon's end of a keeper connection: whole lines, however the bytes arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from supervisor.daemon import keepers
+from supervisor.daemon.keepers import Wire
+
+
+class Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.sent.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def wire() -> tuple[Wire, list[dict[str, Any]], Transport]:
+    got: list[dict[str, Any]] = []
+    w = Wire("cpu", got.append)
+    t = Transport()
+    w.connection_made(t)
+    return w, got, t
+
+
+def test_lines_split_across_reads_and_several_in_one_read_each_arrive_whole() -> None:
+    w, got, t = wire()
+    a, b, c = (json.dumps({"id": i, "ok": True}).encode() + b"\n" for i in (1, 2, 3))
+    w.data_received(a[:5])
+    assert got == []
+    w.data_received(a[5:] + b + c[:-1])
+    assert [m["id"] for m in got] == [1, 2]
+    w.data_received(c[-1:])
+    assert [m["id"] for m in got] == [1, 2, 3] and w.buffer == b""
+    assert not t.closed
+
+
+@pytest.mark.parametrize("line", [b"{not json\n", b"[1, 2]\n", b'"text"\n'])
+def test_a_line_that_is_not_a_message_closes_the_connection(line: bytes) -> None:
+    w, got, t = wire()
+    w.data_received(b'{"id": 1}\n' + line + b'{"id": 2}\n')
+    assert got == [{"id": 1}] and t.closed
+    assert not w.write(b"{}\n")  # and nothing more is sent on it
+
+
+def test_a_line_longer_than_the_limit_closes_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(keepers, "MAX_LINE", 10)
+    w, got, t = wire()
+    w.data_received(b'{"id": 1, "padding": "')
+    assert t.closed and got == []
+
+
+def test_the_end_of_the_connection_is_told_once_it_is_lost() -> None:
+    w, _, _ = wire()
+    lost: list[bool] = []
+    w.on_lost = lambda: lost.append(True)
+    w.connection_lost(None)
+    assert lost == [True]
