@@ -71,3 +71,26 @@ def test_the_end_of_the_connection_is_told_once_it_is_lost() -> None:
     w.on_lost = lambda: lost.append(True)
     w.connection_lost(None)
     assert lost == [True]
+
+
+def test_a_drop_asked_before_its_spawn_is_sent_follows_the_spawn() -> None:
+    sent: list[str] = []
+    drop = keepers.Drop()
+    drop.ask()
+    assert sent == []
+    drop.arm(lambda: sent.append("kill"))  # the spawn is on its connection now
+    assert sent == ["kill"]
+
+
+def test_a_drop_is_sent_once_at_the_first_ask_and_never_once_the_spawn_was_answered() -> None:
+    sent: list[str] = []
+    drop = keepers.Drop()
+    drop.arm(lambda: sent.append("kill"))
+    drop.ask()
+    drop.ask()
+    assert sent == ["kill"]
+    answered = keepers.Drop()
+    answered.arm(lambda: sent.append("late"))
+    answered.arm(None)  # answered: it ran, or was refused; a kill goes through Kill orders
+    answered.ask()
+    assert sent == ["kill"]

@@ -29,7 +29,7 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
+from supervisor.daemon.keepers import Drop, KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.kept import KeptProcess, kill_through
 from supervisor.daemon.launch import SpawnError, user_of
 from supervisor.gpus import apply_visibility
@@ -51,7 +51,7 @@ class Ahead:
     """A spawn started ahead, held back by its keeper until `after` exits."""
 
     after: tuple[int, int]
-    drop: anyio.Event = field(default_factory=anyio.Event)  # set: ask the keeper to drop it
+    drop: Drop = field(default_factory=Drop)  # asked: its keeper drops it
     answered: anyio.Event = field(default_factory=anyio.Event)  # its spawn call returned
 
 
@@ -338,7 +338,7 @@ class Runner:
         thread under the deadman; the attempt's watcher reports the end."""
         p = self.procs.get(order.job_id)
         if p is None and order.job_id in self._ahead:  # its keeper drops it, or kills it
-            self._ahead[order.job_id].drop.set()  # if it has just started (Started kills)
+            self._ahead[order.job_id].drop.ask()  # if it has just started (Started kills)
             return
         if p is None or p.aborting:
             return
@@ -370,7 +370,7 @@ class Runner:
         job dies, on the card about to be re-probed (the engine queues it again)."""
         behind = [a for a in self._ahead.values() if a.after[0] == job_id]
         for a in behind:
-            a.drop.set()
+            a.drop.ask()
         await _answers(behind)
 
     async def ahead_answered(self) -> None:

@@ -59,6 +59,28 @@ class SpawnDropped(Exception):
         self.gone = gone
 
 
+class Drop:
+    """A request to drop a spawn that its keeper holds back behind another job: sent at
+    once when the spawn is on its connection, else right after the spawn itself (a kill
+    of the same job and attempt, on the same connection, so after it), and never once
+    the spawn was answered."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._send: Callable[[], None] | None = None
+
+    def ask(self) -> None:
+        if not self.asked:
+            self.asked = True
+            if self._send is not None:
+                self._send()
+
+    def arm(self, send: Callable[[], None] | None) -> None:
+        self._send = send
+        if send is not None and self.asked:
+            send()
+
+
 class Wire(asyncio.Protocol):
     """A keeper connection's bytes, on asyncio's own transport: each whole line goes to
     `on_message` from the loop's read callback, and a write is one `send`, with no task
@@ -127,13 +149,13 @@ class Keeper:
         self,
         op: str,
         *,
-        until: anyio.Event | None = None,
+        drop: Drop | None = None,
         drop_grace_s: float = 0.0,
         **fields: Any,
     ) -> dict[str, Any]:
-        """The request's answer. With `until`: once that is set before the answer came,
-        a `kill` of the same job and attempt follows on this connection (so after the
-        request itself): how a spawn held back by its keeper is dropped."""
+        """The request's answer. With `drop`: asked before the answer came, a `kill` of
+        the same job and attempt follows on this connection: how a spawn held back by its
+        keeper is dropped."""
         if self.gone:
             raise KeeperGone(f"keeper {self.name} is gone")
         self._next += 1
@@ -145,14 +167,16 @@ class Keeper:
         except KeeperGone:
             self._replies.pop(rid, None)
             raise
-        if until is None:
+        if drop is None:
             await done.wait()
         else:
-            async with anyio.create_task_group() as tg:
-                key = (fields["job"], fields["attempt"])
-                tg.start_soon(self._kill_when, until, key, drop_grace_s)
+            job, attempt = fields["job"], fields["attempt"]
+            kill = {"job": job, "attempt": attempt, "grace_s": drop_grace_s}
+            drop.arm(lambda: self._tell_now("kill", kill))
+            try:
                 await done.wait()
-                tg.cancel_scope.cancel()
+            finally:
+                drop.arm(None)
         if not box:
             raise KeeperGone(f"keeper {self.name} went away before it answered")
         answer: dict[str, Any] = box[0]
@@ -160,11 +184,6 @@ class Keeper:
             error = answer.get("error") or {}
             raise KeeperError(str(error.get("code")), str(error.get("message")))
         return answer
-
-    async def _kill_when(self, until: anyio.Event, key: Key, grace_s: float) -> None:
-        await until.wait()
-        with contextlib.suppress(KeeperGone):
-            await self.tell("kill", job=key[0], attempt=key[1], grace_s=grace_s)
 
     async def tell(self, op: str, **fields: Any) -> None:
         """A request whose answer nobody waits for: its id is not kept, so the answer is
@@ -174,7 +193,17 @@ class Keeper:
         self._next += 1
         await self._send(self._next, op, fields)
 
+    def _tell_now(self, op: str, fields: dict[str, Any]) -> None:
+        """`tell`, from a callback: the write needs no await, and a closed connection
+        has dropped whatever it held back anyway."""
+        self._next += 1
+        with contextlib.suppress(KeeperGone):
+            self._write(self._next, op, fields)
+
     async def _send(self, rid: int, op: str, fields: dict[str, Any]) -> None:
+        self._write(rid, op, fields)
+
+    def _write(self, rid: int, op: str, fields: dict[str, Any]) -> None:
         line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
         if not self.wire.write(line.encode()):
             raise KeeperGone(f"keeper {self.name}: its connection is closed")
@@ -269,11 +298,11 @@ class Keepers:
         name: str,
         spec: Spec,
         after: Key | None = None,
-        drop: anyio.Event | None = None,
+        drop: Drop | None = None,
         grace_s: float = 0.0,
     ) -> KeptProcess:
         """Start the job through the named keeper; with `after`, once that attempt (of the
-        same keeper) has exited, unless `drop` is set first. Raises SpawnError with a
+        same keeper) has exited, unless `drop` is asked first. Raises SpawnError with a
         readable reason (including when no keeper can be started), SpawnDropped for a
         spawn after another that never ran."""
         fields = _spawn_fields(spec)
@@ -281,8 +310,8 @@ class Keepers:
             fields["after"] = {"job": after[0], "attempt": after[1]}
         try:
             keeper, _ = await self.ensure(name)
-            until = drop if after else None
-            answer = await keeper.call("spawn", until=until, drop_grace_s=grace_s, **fields)
+            drop = drop if after else None
+            answer = await keeper.call("spawn", drop=drop, drop_grace_s=grace_s, **fields)
         except KeeperError as exc:
             if exc.code == "dropped":
                 raise SpawnDropped(exc.message) from None
