@@ -230,7 +230,8 @@ class Runner:
             return
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
         p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec
-        p.oom_kills_at_start = self.evidence.oom_kills_now()
+        if handle.record.memcg is None:  # a v1 memory cgroup of its own counts its kills
+            p.oom_kills_at_start = self.evidence.oom_kills_now()
         self.procs[job_id] = p
         self.rank()
         await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))

@@ -208,14 +208,17 @@ class HangWatcher:
         """The facts core/oom.py's `oom_source` weighs; the daemon's counter read only
         where it could count."""
         sigkill = status.signal == signal.SIGKILL
-        moved = False
-        if sigkill and own is None and self.cgroup is not None:
-            count, start = oom_kill_count(self.cgroup), p.oom_kills_at_start
-            moved = count is not None and start is not None and count > start
+        moved = in_log = False
+        if sigkill:  # only then does more than `own` count (reading the cgroup costs)
+            in_log = bool((set(p.handle.known) | {p.handle.pid}) & set(self.oom_pids))
+            start = p.oom_kills_at_start
+            if own is None and self.cgroup is not None and start is not None:
+                count = oom_kill_count(self.cgroup)
+                moved = count is not None and count > start
         return oom_source(
             sigkill=sigkill,
             own=own,
-            in_kernel_log=bool((set(p.handle.known) | {p.handle.pid}) & set(self.oom_pids)),
+            in_kernel_log=in_log,
             daemon_moved=moved,
             squeezed=time.monotonic() - self.squeezed_at < 5.0,
         )
