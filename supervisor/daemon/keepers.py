@@ -374,9 +374,9 @@ def _spawn_fields(spec: Spec) -> dict[str, Any]:
 
 
 async def _connect(name: str, home: Path) -> Keeper:
-    wire = Wire(name, lambda message: keeper._dispatch(message))
+    wire = Wire(name, lambda _message: None)  # nothing comes before the connection
     keeper = Keeper(name, home, wire)
-    wire.on_lost = keeper._lost
+    wire.on_message, wire.on_lost = keeper._dispatch, keeper._lost
     loop = asyncio.get_running_loop()
     await loop.create_unix_connection(lambda: wire, str(home / "sock"))
     return keeper
