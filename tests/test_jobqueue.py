@@ -312,6 +312,25 @@ async def test_settled_jobs_are_left_out_until_a_card_frees(store: Store) -> Non
     assert m.running() == {2: (0,), 1001: ()} and len(reads) < 20
 
 
+async def test_a_free_cpu_slot_makes_no_plan_for_jobs_settled_on_the_card(store: Store) -> None:
+    m = Machine(store, cards=1, cpu_slots=2, wait_s=1e9)
+    await m.submit(*[spec()] * 100)
+    await m.dispatch()  # job 1 takes the card; 99 are settled, waiting for it
+    plans: list[dict[str, int]] = []
+    real = m.sched._plan
+
+    def counted(cards: Any, free: dict[str, int], now: float, now_wall: float) -> Any:
+        plans.append(dict(free))
+        return real(cards, free, now, now_wall)
+
+    m.sched._plan = counted  # type: ignore[method-assign]
+    await m.dispatch()
+    assert plans == []  # both CPU slots are free, but no queued job can use one
+    await m.submit(spec(gpus=0))
+    await m.dispatch()
+    assert plans == [{"gpu": 0, "cpu": 2}] and 101 in m.running()
+
+
 def test_a_job_held_for_another_reason_is_not_settled() -> None:
     q = JobQueue()
     a, b = job(1), job(2)

@@ -160,9 +160,11 @@ class Dispatcher:
         free["cpu"] = self.cpu_slots_free()
         full = {kind for kind, n in free.items() if n <= 0}
         free.update(self._array_room())
-        if not self.table.queue.live and all(n <= 0 for n in free.values()):
+        settled = self.table.queue.settled
+        if not self.table.queue.live and all(n <= 0 for k, n in free.items() if settled.get(k)):
             # Every queued job is settled (held for a kind of device none of which is
-            # free) and nothing is free: the plan would start nothing and hold no one anew.
+            # free), and no kind they wait for has a unit free (a free CPU slot does not
+            # start a card's job): the plan would start nothing and hold no one anew.
             await self._start_ahead(cards, now, now_wall)
             return self.table.queue.next_backoff(now_wall, self._backoff_current)
         plan = self._plan(cards, free, now, now_wall)
