@@ -1,10 +1,15 @@
-"""A step's working copy: the table as the command being stepped has changed it so far,
-and what the step will write and do. The engine (`core/engine.py`) decides with it."""
+"""A step's working copy: the table as the commands being stepped have changed it so
+far, and what the step will write and do. The engine (`core/engine.py`) decides with it.
+Every read of the table goes through it, so that a command stepped after others in one
+draft sees what they changed."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from supervisor.core import outcome
 from supervisor.core.commands import Action, AttemptEnded, Changed, Now, SaveJob, Write
@@ -39,16 +44,51 @@ class Draft:
             return self.c.live[job_id]
         return self.t.live.get(job_id)
 
+    def lives(self) -> Mapping[int, Live | None]:
+        """Every live attempt as changed so far (None: ended in this step)."""
+        return ChainMap(self.c.live, cast(dict[int, Live | None], self.t.live))
+
     def pending(self, job_id: int) -> frozenset[int] | None:
         if job_id in self.c.pending:
             return self.c.pending[job_id]
         return self.t.pending.get(job_id)
 
+    def set_job(self, job: Job) -> None:
+        """The job as changed. What a change does to the queue's bookkeeping is kept, so
+        that commands stepped together leave the table as they would one by one: a job
+        that leaves the queue loses its wait (its hold's start, its announcement, its
+        settling), and one whose wait changes is no longer settled."""
+        old = self.job(job.id)
+        if old is not None and old.state is JobState.QUEUED:
+            if job.state is not JobState.QUEUED:
+                self.c.left.add(job.id)
+                self.c.held_since.pop(job.id, None)
+                self.c.announced.discard(job.id)
+                self._unsettle(job.id)
+            elif (old.waiting_for, old.hold_reason) != (job.waiting_for, job.hold_reason):
+                self._unsettle(job.id)
+        self.c.jobs[job.id] = job
+
+    def _unsettle(self, job_id: int) -> None:
+        self.c.rewaited.add(job_id)
+        if job_id in self.c.settle:
+            self.c.settle = [i for i in self.c.settle if i != job_id]
+
+    def held_since(self, job_id: int) -> float | None:
+        if job_id in self.c.held_since or job_id in self.c.left:
+            return self.c.held_since.get(job_id)
+        return self.t.held_since.get(job_id)
+
+    def announced(self, job_id: int) -> bool:
+        return job_id in self.c.announced or (
+            job_id not in self.c.left and job_id in self.t.announced
+        )
+
     def put(
         self, job: Job, *events: Event, new: Attempt | None = None, end: Attempt | None = None
     ) -> None:
         old = self.job(job.id)
-        self.c.jobs[job.id] = job
+        self.set_job(job)
         if events or new is not None or end is not None:
             self.out.writes.append(SaveJob(job, self.now.iso, events, new, end))
         self.out.actions.append(Changed(old, job))
@@ -58,7 +98,8 @@ class Draft:
     def _ended(self, job: Job) -> None:
         """Tell the jobs that wait for this one: one fewer parent, or a failed one."""
         self.c.pending[job.id] = None
-        for child in sorted(self.t.dependents.get(job.id, ())):
+        added = {child for parent, child in self.c.dependents if parent == job.id}
+        for child in sorted(self.t.dependents.get(job.id, set()) | added):
             parents = self.pending(child)
             if parents is None:
                 continue
@@ -73,7 +114,7 @@ class Draft:
             return
         self.c.pending[job_id] = parents or None
         waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
-        self.c.jobs[job_id] = dataclasses.replace(job, waiting_for=waiting)
+        self.set_job(dataclasses.replace(job, waiting_for=waiting))
 
     def fail_dependency(self, job_id: int, parent: int) -> None:
         job = self.job(job_id)

@@ -8,6 +8,7 @@ for the shell to perform after the commit. Pure: no I/O, no clock (time is `now`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import replace
 
 from supervisor.core import outcome
@@ -48,7 +49,7 @@ from supervisor.core.table import Live, Phase, Table, waiting_ahead
 
 
 def _submit(d: Draft, cmd: Submit) -> None:
-    first = d.t.next_id
+    first = d.c.next_id or d.t.next_id
     d.c.next_id = first + len(cmd.specs)
     # A new array is named by its first job; a restart's specs already name theirs.
     specs = [
@@ -57,7 +58,7 @@ def _submit(d: Draft, cmd: Submit) -> None:
     ]
     jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(specs)]
     for job in jobs:
-        d.c.jobs[job.id] = job
+        d.set_job(job)
         d.out.writes.append(InsertJob(job))
         d.out.actions.append(Changed(None, job))
         if job.spec.after:
@@ -72,7 +73,7 @@ def _dispatch(d: Draft, cmd: Dispatch) -> None:
         _hold(d, hold)
     for start in cmd.starts:
         _claim(d, start, cmd)
-    d.c.settle = [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
+    d.c.settle += [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
 
 
 def _settles(job: Job | None, hold: Hold, full: frozenset[str]) -> bool:
@@ -90,12 +91,12 @@ def _hold(d: Draft, hold: Hold) -> None:
     job = d.job(hold.job_id)
     if job is None or job.state is not JobState.QUEUED:
         return
-    if hold.job_id not in d.t.held_since:
+    if d.held_since(job.id) is None:
         d.c.held_since[job.id] = d.now.mono
     if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
         job = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
-        d.c.jobs[job.id] = job
-    if job.id not in d.t.announced and job.id not in d.c.announced:
+        d.set_job(job)
+    if not d.announced(job.id):
         d.c.announced.add(job.id)
         d.out.writes.append(
             SaveJob(job, d.now.iso, (Event("queue_wait", hold.message, {"reason": hold.reason}),))
@@ -155,7 +156,7 @@ def _started(d: Draft, cmd: Started) -> None:
         job = d.job(cmd.job_id)
         if job is not None and job.started_at == live.attempt.started_at:
             job_started_at = d.now.iso
-            d.c.jobs[job.id] = dataclasses.replace(job, started_at=job_started_at)
+            d.set_job(dataclasses.replace(job, started_at=job_started_at))
     d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
     d.out.writes.append(SetPid(attempt, job_started_at))
     d.out.actions.append(ProcessStarted(cmd.job_id, cmd.pid))
@@ -189,7 +190,7 @@ def _stop(
     job, live = d.job(job_id), d.live(job_id)
     if job is None or live is None:
         return
-    if reason is FailureReason.GPU_HANG and waiting_ahead(live, d.t.live):
+    if reason is FailureReason.GPU_HANG and waiting_ahead(live, d.lives()):
         # It never ran on the card: back to the queue, charged to no budget, and not
         # started on a card that is being re-probed.
         reason, reprobe = FailureReason.INTERRUPTED, None
@@ -238,7 +239,7 @@ def _reclassify(d: Draft, cmd: Reclassify) -> None:
 def _progress(d: Draft, cmd: Progress) -> None:
     job = d.job(cmd.job_id)
     if job is not None and job.progress != cmd.match:
-        d.c.jobs[job.id] = dataclasses.replace(job, progress=cmd.match)
+        d.set_job(dataclasses.replace(job, progress=cmd.match))
 
 
 def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
@@ -258,7 +259,7 @@ def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
         d.out.writes.append(SetPid(attempt, job_started_at))
     seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
     d.c.seq = seq
-    d.c.jobs[job.id] = job
+    d.set_job(job)
     d.c.live[job.id] = Live(
         attempt=attempt,
         cards=tuple(attempt.gpus),
@@ -288,7 +289,7 @@ def _hold_job(d: Draft, cmd: HoldJob) -> None:
 def _recover(d: Draft, cmd: Recover) -> None:
     """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
     is queued again as `interrupted` (charged to no budget), its attempt closed."""
-    d.c.next_id = max(cmd.next_id, d.t.next_id)
+    d.c.next_id = max(cmd.next_id, d.c.next_id or d.t.next_id)
     for job in cmd.jobs:
         attempt = cmd.open_attempts.get(job.id)
         if job.state is JobState.RUNNING and attempt is not None and job.id in cmd.adopted:
@@ -303,12 +304,12 @@ def _recover(d: Draft, cmd: Recover) -> None:
             if attempt is not None:
                 reason = FailureReason.INTERRUPTED.value
                 end = dataclasses.replace(attempt, ended_at=d.now.iso, reason=reason)
-            d.c.jobs[job.id] = requeued
+            d.set_job(requeued)
             d.out.writes.append(
                 SaveJob(requeued, d.now.iso, (Event("interrupted", message),), None, end)
             )
             job = requeued
-        d.c.jobs[job.id] = job
+        d.set_job(job)
         d.out.actions.append(Changed(None, job))
         if job.hold_reason:  # announced before the restart: not evented again
             d.c.announced.add(job.id)
@@ -321,7 +322,20 @@ def _recover(d: Draft, cmd: Recover) -> None:
 
 def step(table: Table, cmd: Command, now: Now) -> Step:
     """Decide what `cmd` does to the table: its changes, writes and actions."""
+    return steps(table, (cmd,), now)
+
+
+def steps(table: Table, cmds: Sequence[Command], now: Now) -> Step:
+    """Decide what the commands do, one after another, each on the table as those before
+    it changed it: their changes, their writes (one transaction) and their actions, in
+    order."""
     d = Draft(table, now)
+    for cmd in cmds:
+        _one(d, cmd)
+    return d.out
+
+
+def _one(d: Draft, cmd: Command) -> None:
     match cmd:
         case Submit():
             _submit(d, cmd)
@@ -347,4 +361,3 @@ def step(table: Table, cmd: Command, now: Now) -> Step:
             _hold_job(d, cmd)
         case Recover():
             _recover(d, cmd)
-    return d.out

@@ -39,7 +39,7 @@ class Live:
     after: tuple[int, int] | None = None  # started ahead: the (job, attempt) it follows
 
 
-def waiting_ahead(live: Live, lives: Mapping[int, Live]) -> bool:
+def waiting_ahead(live: Live, lives: Mapping[int, Live | None]) -> bool:
     """Claimed ahead of an attempt that still holds its place: it has no process yet,
     and its card or CPU slot is still the other attempt's."""
     if live.after is None or live.phase is Phase.RUNNING:
@@ -59,6 +59,8 @@ class Changes:
     pending: dict[int, frozenset[int] | None] = field(default_factory=dict)
     dependents: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
     settle: list[int] = field(default_factory=list)  # held for a device none of was free
+    left: set[int] = field(default_factory=set)  # left the queue (it may be back): a new wait
+    rewaited: set[int] = field(default_factory=set)  # its wait changed: not settled
     seq: int | None = None
     next_id: int | None = None
 
@@ -77,7 +79,16 @@ class Table:
 
     def apply(self, c: Changes) -> list[tuple[Job | None, Job]]:
         """Make the changes; returns (old, new) for every job that changed."""
-        changed = [(self._put(job), job) for job in c.jobs.values()]
+        left = {}  # what they waited as before is over, whatever they are now
+        for job_id in c.left:
+            was = self.jobs.get(job_id)
+            if was is not None and was.state is JobState.QUEUED:
+                self._leave_queue(was)
+                left[job_id] = self.jobs.pop(job_id)
+        changed = [(self._put(job) or left.get(job.id), job) for job in c.jobs.values()]
+        for job_id in c.rewaited:
+            if self._queued(job_id):
+                self.queue.unsettle(self.jobs[job_id])
         for job_id, live in c.live.items():
             if live is None:
                 self.live.pop(job_id, None)
@@ -113,9 +124,7 @@ class Table:
                 self.queue.set_hold(job.id, job.hold_reason)
             return old
         if old is not None and old.state is JobState.QUEUED:
-            self.queue.remove(old)
-            self.held_since.pop(job.id, None)
-            self.announced.discard(job.id)
+            self._leave_queue(old)
         if job.state is JobState.QUEUED:
             self.jobs[job.id] = job
             self.queue.add(job)
@@ -127,6 +136,11 @@ class Table:
             self.pending.pop(job.id, None)
             self.dependents.pop(job.id, None)
         return old
+
+    def _leave_queue(self, job: Job) -> None:
+        self.queue.remove(job)
+        self.held_since.pop(job.id, None)
+        self.announced.discard(job.id)
 
     def held_counts(self) -> dict[str, int]:
         """Queued jobs by hold reason."""

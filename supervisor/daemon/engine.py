@@ -3,13 +3,19 @@
 `do(command)` runs the pure step (core/engine.py) on the table, commits its writes in
 one transaction (raising if they did not commit), applies its changes to the table, and
 publishes its actions on the broker, where the services that perform them listen.
-Commands are taken one at a time, so every step sees the table as committed.
+Commands are taken one turn at a time, so every step sees the table as committed. The
+daemon's own commands (an end, a start, a pass's claims) that arrive while a turn is
+under way are taken together in the next one: stepped in order in one draft (each sees
+what those before it changed), committed in one transaction, applied, and their actions
+published in order. A client's command (whose write may be refused: the client hears
+`storage`) has a turn to itself.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
@@ -17,7 +23,7 @@ import structlog
 
 from supervisor.core.commands import Command, InsertJob, Now, SetPid, Submit
 from supervisor.core.draft import Step
-from supervisor.core.engine import step
+from supervisor.core.engine import steps
 from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
@@ -32,6 +38,19 @@ def now() -> Now:
     return Now(time.time(), time.monotonic())
 
 
+@dataclass
+class _Queued:
+    """A command waiting for its turn; `out` once a turn took it, or `error`."""
+
+    cmd: Command
+    out: Step | None = None
+    error: BaseException | None = None
+
+
+class TurnLost(RuntimeError):
+    """The turn that took this command was cancelled: it may or may not have landed."""
+
+
 class Engine:
     def __init__(self, store: Store, broker: Broker, clock: Callable[[], Now] = now) -> None:
         self.store = store
@@ -39,31 +58,65 @@ class Engine:
         self.clock = clock
         self.table = Table()
         self.epoch = 0  # +1 when a commit starts and when it ends
-        self._turn = anyio.Lock(fast_acquire=True)  # no yield when free: one command a turn
+        self._turn = anyio.Lock(fast_acquire=True)  # no yield when free: one turn at a time
+        self._queued: list[_Queued] = []  # the daemon's own commands, for the next turn
 
     async def do(self, cmd: Command) -> Step:
-        """Decide, commit, apply, act; returns the step (its writes name new job ids).
+        """Decide, commit, apply, act; returns the step (its writes name new job ids; a
+        command taken with others returns their turn's step).
 
         A command sent while answering a client fails at once (StorageError) when the
         database is known not to take writes: it is not queued behind patient ones."""
-        if self.store.problem is not None and self.store.is_answering():
+        answering = self.store.is_answering()
+        if self.store.problem is not None and answering:
             raise StorageError("not writable now", self.store.problem)
-        async with self._turn:
-            if isinstance(cmd, Submit):
-                cmd = await self._with_parents(cmd)
-            out = step(self.table, cmd, self.clock())
-            if out.writes and all(isinstance(w, SetPid) for w in out.writes):
-                commit_later(self.store, out.writes)  # the keeper's journal has the pid
-            elif out.writes:
-                self.epoch += 1  # odd: a commit is in flight
+        if answering or isinstance(cmd, Submit):
+            async with self._turn:
+                if isinstance(cmd, Submit):
+                    cmd = await self._with_parents(cmd)
+                request = cmd.request_id if isinstance(cmd, Submit) else None
+                return await self._take((cmd,), request)
+        mine = _Queued(cmd)
+        self._queued.append(mine)
+        try:
+            await self._turn.acquire()
+        except BaseException:  # cancelled while it waited: not taken, nor to be
+            if mine in self._queued:
+                self._queued.remove(mine)
+            raise
+        try:
+            if mine.out is None and mine.error is None:  # no earlier turn took it
+                batch, self._queued = self._queued, []
                 try:
-                    request = cmd.request_id if isinstance(cmd, Submit) else None
-                    await commit(self.store, out.writes, request)
-                finally:
-                    self.epoch += 1
-            self.table.apply(out.changes)
-            for action in out.actions:
-                self.broker.publish(action)
+                    out = await self._take(tuple(q.cmd for q in batch))
+                except BaseException as exc:
+                    lost = TurnLost("the engine's turn was cancelled")
+                    cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+                    for q in batch:
+                        q.error = lost if cancelled and q is not mine else exc
+                    raise
+                for q in batch:
+                    q.out = out
+        finally:
+            self._turn.release()
+        if mine.error is not None:
+            raise mine.error
+        assert mine.out is not None
+        return mine.out
+
+    async def _take(self, cmds: tuple[Command, ...], request: str | None = None) -> Step:
+        out = steps(self.table, cmds, self.clock())
+        if out.writes and all(isinstance(w, SetPid) for w in out.writes):
+            commit_later(self.store, out.writes)  # the keeper's journal has the pid
+        elif out.writes:
+            self.epoch += 1  # odd: a commit is in flight
+            try:
+                await commit(self.store, out.writes, request)
+            finally:
+                self.epoch += 1
+        self.table.apply(out.changes)
+        for action in out.actions:
+            self.broker.publish(action)
         return out
 
     async def read(self, reader: Callable[[], Awaitable[T]], tries: int = 5) -> T:
