@@ -6,9 +6,11 @@ answered once exec's outcome is known, a kill once the job is gone). The attache
 connection also gets {"event": "exit", "job": {...}} for every exit, after its record is
 synced. A malformed line is answered with an error and logged; it never costs a job.
 
-A spawn with `after` naming a running attempt is parked here, in memory, until that
-attempt's exit is recorded, and dropped with the connection that sent it: a spawn that
-was never recorded has never run, and recovery relies on that (docs/keepers.md).
+A spawn with `after` naming a running attempt, or one parked itself (a chain), is
+parked here, in memory, until that attempt's exit is recorded, and dropped with the
+connection that sent it: a spawn that was never recorded has never run, and recovery
+relies on that (docs/keepers.md). A parked spawn dropped, or refused at its turn, drops
+those parked behind it: what they followed will never run.
 """
 
 from __future__ import annotations
@@ -24,17 +26,17 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from . import spawn
 from .jobs import Jobs, Refused, Reply
 from .journal import Key, Record
+from .parked import Parked, Parking
 
 MAX_LINE = 1024 * 1024
 # What this keeper does beyond the first protocol. Keepers outlive an upgrade of gpusvd, so
 # a newer gpusvd may find an older keeper, and asks only for what that one announced.
-FEATURES = ["after"]
+FEATURES = ["after", "after_waiting"]  # after_waiting: `after` may name a parked spawn
 MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
 REAP_RETRY_S = 1.0
 
@@ -49,16 +51,6 @@ class Conn:
         self.ready: Callable[[], None] = lambda: None  # the selector's callback
 
 
-@dataclass
-class Parked:
-    """A spawn, validated, that starts once the attempt `after` has ended."""
-
-    spec: spawn.Spec
-    after: Key
-    conn: Conn  # it goes with this connection
-    reply: Reply
-
-
 class Server:
     def __init__(self, jobs: Jobs, listener: socket.socket, log: Callable[[str], None]) -> None:
         self.jobs = jobs
@@ -67,7 +59,7 @@ class Server:
         self.sel = selectors.DefaultSelector()
         self.attached: Conn | None = None
         self.conns: set[Conn] = set()
-        self.parked: dict[Key, Parked] = {}  # in arrival order, which is their start order
+        self.parked = Parking()
         self.stopping = False
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
         jobs.on_exit = self._exited
@@ -209,9 +201,8 @@ class Server:
             self.attached = None
         # Nobody is left to be told of these, and a daemon that attaches later takes an
         # attempt without a record for one that never started: it must never start.
-        for key in [key for key, parked in self.parked.items() if parked.conn is conn]:
-            del self.parked[key]
-            self.log(f"job {key[0]} attempt {key[1]}: its connection closed before it started")
+        for key in self.parked.drop_conn(conn):
+            self._never_started(key)
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(conn.sock)
         conn.sock.close()
@@ -252,17 +243,21 @@ class Server:
         if self.attached is not None:
             self._send(self.attached, {"event": "exit", "job": record.to_json()})
         # This turn, not the next: the slot the exit freed is not left idle for a turn.
-        for key, parked in list(self.parked.items()):
-            # One answered at once may close its connection, dropping the ones after it.
-            if parked.after == record.key and self.parked.get(key) is parked:
-                del self.parked[key]
-                self._guarded(functools.partial(self._start_parked, parked))
+        for parked in self.parked.released_by(record.key):
+            if parked.conn.closed:  # one answered at once may have closed it: never starts
+                self._never_started((parked.spec.job, parked.spec.attempt))
+                continue
+            self._guarded(functools.partial(self._start_parked, parked))
+
+    def _never_started(self, key: Key) -> None:
+        self.log(f"job {key[0]} attempt {key[1]}: its connection closed before it started")
 
     def _start_parked(self, parked: Parked) -> None:
         try:
             self._start(parked.spec, parked.reply)
         except Refused as exc:  # answered as _request answers a spawn refused at once
             parked.reply({"error": _err(exc.code, str(exc))})
+            self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
 
     def _op_attach(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
         """A new gpusvd takes over. Connections opened before it are closed, so a spawn
@@ -295,8 +290,9 @@ class Server:
             raise Refused("exists", f"job {key[0]} attempt {key[1]} waits to start already")
         self.jobs.refuse_started(key)  # refused now, not once it is its turn
         before = None if after is None else self.jobs.journal.records.get(after)
-        if before is not None and not before.ended:
-            self.parked[key] = Parked(spec, before.key, conn, reply)
+        waits = before is not None and not before.ended
+        if after is not None and (waits or after in self.parked):  # behind one that waits too
+            self.parked.park(Parked(spec, after, conn, reply))
             return
         self._start(spec, reply)
 
@@ -323,9 +319,7 @@ class Server:
         if not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
             raise spawn.BadRequest("grace_s: seconds from 0 to 86400")
         key = _key(msg)
-        parked = self.parked.pop(key, None)
-        if parked is not None:  # nothing of it runs: gone at once
-            parked.reply({"error": _err("dropped", "dropped before it started")})
+        if self.parked.drop(key):  # nothing of it runs: gone at once
             reply({})
             return
         self.jobs.kill(key, float(grace), reply)

@@ -293,3 +293,60 @@ def test_attach_and_ping_announce_spawning_after_so_a_newer_daemon_knows_it_may(
         conn = k.connect(attach=False)
         assert "after" in conn.call("attach")["features"]
         assert "after" in conn.call("ping")["features"]
+
+
+def test_a_spawn_after_one_that_waits_itself_starts_only_once_that_one_has_ended() -> None:
+    """A chain: 2 waits for 1, 3 for 2. Job 1's exit starts 2, not 3; 2's exit starts 3."""
+    with keeper() as k:
+        conn = k.connect()
+        argv1, release1 = _held(k, "a")
+        argv2, release2 = _held(k, "b")
+        conn.call("spawn", **k.job(1, argv1))
+        rid2 = conn.send("spawn", **k.job(2, argv2, after=AFTER_1))
+        rid3 = conn.send("spawn", **k.job(3, ["true"], after={"job": 2, "attempt": 1}))
+        assert _jobs(conn) == [1]  # both parked
+        release1()
+        b = conn.reply(rid2)
+        assert b["ok"], b
+        assert _jobs(conn) == [1, 2]  # 3 still waits: 2 runs
+        release2()
+        c = conn.reply(rid3)
+        assert c["ok"], c
+        ended = {e["job"]["job"]: e["job"] for e in conn.events}
+        assert c["job"]["started_at"] >= ended[2]["ended_at"]
+        assert _starts(k) == [1, 2, 3]
+
+
+def test_a_dropped_spawn_drops_the_chain_behind_it_and_nothing_of_it_runs() -> None:
+    with keeper() as k:
+        conn = k.connect()
+        a, release, marker, rid2 = _one_held_one_parked(k, conn)
+        marker3 = k.home / "c-ran"
+        after_2 = {"job": 2, "attempt": 1}
+        rid3 = conn.send("spawn", **k.job(3, ["touch", str(marker3)], after=after_2))
+        kill_rid = conn.send("kill", job=2, attempt=1, grace_s=5)
+        answers, _ = _answers(conn, rid2, rid3, kill_rid)
+        assert answers[rid2]["error"] == DROPPED and answers[rid3]["error"] == DROPPED
+        assert answers[kill_rid]["ok"] and alive(a["pid"])
+        release()
+        assert _exit_event(conn)["job"] == 1
+        assert _jobs(conn) == [1] and _starts(k) == [1]
+        assert not marker.exists() and not marker3.exists()
+
+
+def test_a_spawn_refused_at_its_turn_drops_the_chain_behind_it() -> None:
+    """What follows a job that never ran would otherwise wait for an exit that never
+    comes."""
+    with keeper() as k:
+        conn = k.connect()
+        argv, release = _held(k, "a")
+        conn.call("spawn", **k.job(1, argv))
+        bad = k.job(2, ["true"], after=AFTER_1, stdout="/nonexistent/dir/out")
+        rid2 = conn.send("spawn", **bad)
+        rid3 = conn.send("spawn", **k.job(3, ["true"], after={"job": 2, "attempt": 1}))
+        assert _jobs(conn) == [1]
+        release()
+        answers, _ = _answers(conn, rid2, rid3)
+        assert answers[rid2]["error"]["code"] == "spawn", answers[rid2]
+        assert answers[rid3]["error"] == DROPPED
+        assert _starts(k) == [1]
