@@ -1,12 +1,14 @@
 """What every test gets: the process-wide state it may change put back afterwards, and the
-random order's seed printed at the end, so that an order-dependent failure reproduces."""
+random order's seed printed at the end, so that an order-dependent failure reproduces;
+and `store`, a real SQLite store in the test's own directory, for those that ask."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +16,22 @@ import structlog
 from hypothesis import settings
 
 from supervisor.daemon import logs
+from supervisor.daemon.store import Store
 
 # No test asserts on time: a generated example that runs slow on a busy machine is no
 # failure (hypothesis's default deadline is 200 ms per example).
 settings.register_profile("gpusv", deadline=None)
 settings.load_profile("gpusv")
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = await Store.open(tmp_path / "gpusv.db")
+    try:
+        yield s
+    finally:
+        await s.close()
+
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
 

@@ -7,8 +7,6 @@ written out as admission's rules decide it for the whole queue."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,15 +92,6 @@ class Machine:
 
     def waiting(self) -> dict[int, str | None]:
         return {j.id: j.waiting_for for j in self.table.jobs.values() if j.state is JobState.QUEUED}
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(tmp_path / "gpusv.db")
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 ONE_GPU_NONE_FREE = "waiting for 1 free GPU, 0 free"

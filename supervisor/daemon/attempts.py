@@ -369,7 +369,11 @@ class Runner:
         """Before a hung job is killed, what its keeper holds back to start behind it is
         dropped, and answered: the keeper would otherwise start it the moment the hung
         job dies, on the card about to be re-probed (the engine queues it again)."""
-        behind = [a for a in self._ahead.values() if a.after[0] == job_id]
+        behind, fronts = [], {job_id}
+        for key, a in self._ahead.items():  # in launch order: a chain's front first
+            if a.after[0] in fronts:  # a chain drops whole (its keeper drops it so too)
+                behind.append(a)
+                fronts.add(key)
         for a in behind:
             a.drop.ask()
         await _answers(behind)

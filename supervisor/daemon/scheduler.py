@@ -48,6 +48,7 @@ class Dispatcher:
         uuids_of: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda _cards: (),
         beat: Callable[[], None] = lambda: None,
         can_follow: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
+        can_chain: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -57,6 +58,7 @@ class Dispatcher:
         self.cards, self.rss_mb, self.uuids_of = cards, rss_mb, uuids_of
         self.beat = beat
         self.can_follow = can_follow  # whether the keeper of these cards starts jobs ahead
+        self.can_chain = can_chain  # ... and behind one that waits itself
         self.wake = anyio.Event()
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
@@ -216,22 +218,35 @@ class Dispatcher:
             await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
     def _followable(self, now_wall: float) -> list[tuple[int, Live]]:
-        """Jobs a next one may be claimed behind: up and not being stopped, on one card of
-        their own or a CPU slot, with nothing claimed behind them yet, and short: of a
-        kind that last succeeded within `start_ahead_s`, and not yet up for longer. A
-        long job is never followed: its next job would be bound to its card or slot
-        while another might free up first."""
-        limit = self.cfg.jobs.start_ahead_s
-        behind = {r.after[0] for r in self.table.live.values() if r.after is not None}
+        """Jobs a next one may be claimed behind: not being stopped, on one card of their
+        own or a CPU slot, with nothing claimed behind them yet, of a kind that last
+        succeeded within `start_ahead_s`, and either up for less than that or waiting
+        themselves behind such a one (a chain, as long as `start_ahead_depth` and the
+        keeper allow). A long job is never followed: its next job would be bound to its
+        card or slot while another might free up first."""
+        limit, depth = self.cfg.jobs.start_ahead_s, self.cfg.jobs.start_ahead_depth
+        lives = self.table.live
+        behind = {r.after[0] for r in lives.values() if r.after is not None}
         out = []
-        for job_id, live in self.table.live.items():
-            if live.phase is not Phase.RUNNING or live.kill is not None or job_id in behind:
+        for job_id, live in lives.items():
+            if live.kill is not None or job_id in behind:
                 continue
             spec = self._spec(job_id)
             if len(live.cards) > 1 or spec is None or spec.share or not self.can_follow(live.cards):
                 continue
-            last = self.short.get(spec.mem_key, limit + 1)
-            if last <= limit and now_wall - epoch_from_iso(live.attempt.started_at) < limit:
+            if self.short.get(spec.mem_key, limit + 1) > limit:
+                continue
+            head, waiting = live, 0  # the job up front of its chain, and how many wait
+            while head.phase is not Phase.RUNNING and head.after is not None:
+                front = lives.get(head.after[0])
+                if front is None or front.attempt.n != head.after[1]:
+                    break  # its front has exited: it is being started now
+                head, waiting = front, waiting + 1
+            if head.phase is not Phase.RUNNING and head.after is None:
+                continue  # an ordinary start still under way
+            if waiting and (waiting >= depth or not self.can_chain(live.cards)):
+                continue
+            if now_wall - epoch_from_iso(head.attempt.started_at) < limit:
                 out.append((job_id, live))
         return out
 

@@ -187,3 +187,78 @@ def test_a_pause_puts_a_job_claimed_ahead_back_in_the_queue(
     d.cli("resume")
     assert d.wait_done(second)["state"] == "succeeded"
     assert (d.root / "b").read_text() == "ran\n"
+
+
+def gated_then_chain(d: Daemon, gpus: int) -> tuple[int, int, int]:
+    """As gated_then_behind, and a third job (it writes ./c) claimed behind the second:
+    two wait, one behind the other (`start_ahead_depth`, 2 by default)."""
+    first, second = gated_then_behind(d, gpus)
+    third = d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=gpus)
+    d.wait_for(lambda: d.show(third)["starting"], what="the third job claimed ahead")
+    return first, second, third
+
+
+@pytest.mark.parametrize("gpus", [1, 0], ids=["card", "cpu-slot"])
+def test_two_jobs_wait_one_behind_the_other_and_start_in_turn(
+    make_daemon: Callable[..., Daemon], gpus: int
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second, third = gated_then_chain(d, gpus)
+    assert "starting once job 2" in json.dumps(d.show(third)["events"]).replace(str(second), "2")
+    fourth = d.submit("true", mem_key=KEY, gpus=gpus)  # no deeper than two
+    held = d.wait_for(lambda: (j := d.show(fourth))["waiting_for"] and j, what="a hold")
+    assert held["state"] == "queued" and not held["starting"]
+    assert not (d.root / "b").exists() and not (d.root / "c").exists()
+    (d.root / "go").touch()
+    done = [d.wait_done(j) for j in (first, second, third, fourth)]
+    assert [j["state"] for j in done] == ["succeeded"] * 4
+    ends = [j["attempts"][0] for j in done[:3]]
+    assert ends[1]["started_at"] >= ends[0]["ended_at"]
+    assert ends[2]["started_at"] >= ends[1]["ended_at"]
+    assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
+
+
+def test_a_hang_of_its_card_puts_the_whole_chain_behind_it_back_in_the_queue(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second, third = gated_then_chain(d, 1)
+    d.append_kernel(XID_109_CARD0)
+    for job in (second, third):
+        behind = d.wait_for(
+            lambda j=job: (a := attempts(d, j)) and a[0]["reason"] and a, what="end"
+        )
+        assert behind[0]["reason"] == "interrupted" and behind[0]["pid"] is None
+    assert attempts(d, first)[0]["reason"] == "gpu_hang"
+    (d.root / "go").touch()
+    for job in (first, second, third):
+        assert d.wait_done(job, timeout=60)["state"] == "succeeded"
+    # Each ran once, as its second attempt, once its card was back.
+    assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
+
+
+def test_a_drain_lets_a_chain_claimed_ahead_go_without_running_any_of_it(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second, third = gated_then_chain(d, 0)
+    assert d.stop() == 0
+    assert not (d.root / "b").exists() and not (d.root / "c").exists()
+    d.start()
+    (d.root / "go").touch()
+    for job in (first, second, third):
+        done = d.wait_done(job)
+        assert done["state"] == "succeeded" and done["attempts"][0]["reason"] == "interrupted"
+    assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
+
+
+def test_a_depth_of_one_claims_a_single_job_behind_a_running_one(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD + "start_ahead_depth = 1\n")
+    first, second = gated_then_behind(d, 1)
+    third = d.submit("true", mem_key=KEY)
+    held = d.wait_for(lambda: (j := d.show(third))["waiting_for"] and j, what="a hold")
+    assert held["state"] == "queued" and not held["starting"]
+    (d.root / "go").touch()
+    assert [d.wait_done(j)["state"] for j in (first, second, third)] == ["succeeded"] * 3
