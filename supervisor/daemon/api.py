@@ -375,8 +375,11 @@ class Api:
     async def wait(self, req: JobRef, peer: Peer) -> WaitReply:
         done: list[JobJson | PublicJobJson] = []
         with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
+            # Those ended already are read in a few queries, not one each.
+            stored = await self.store.get_jobs([i for i in req.ids if i not in self.table.jobs])
+            ended = {i: job for i, job in stored.items() if job.state.terminal}
             for job_id in req.ids:
-                job = await self._job(job_id)
+                job = ended.get(job_id) or await self._job(job_id)
                 while not job.state.terminal:
                     job = await self.ends.until_ended(job_id) or await self._job(job_id)
                 view = self.job_view(job)

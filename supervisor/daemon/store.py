@@ -53,6 +53,9 @@ __all__ = [
 log = structlog.get_logger("gpusvd.events")
 
 
+READ_CHUNK = 500  # ids per `IN (...)`: well under SQLite's limit on bound parameters
+
+
 class Store(Writer):
     """Owns the database connection; writes go through the group-commit Writer."""
 
@@ -203,6 +206,20 @@ class Store(Writer):
         )
         specs = _Specs()
         return [_row_to_job(r, specs) for r in rows]
+
+    async def get_jobs(self, ids: Sequence[int]) -> dict[int, Job]:
+        """The stored jobs of those ids (a few queries, not one per id)."""
+        out: dict[int, Job] = {}
+        specs = _Specs()
+        for i in range(0, len(ids), READ_CHUNK):
+            chunk = ids[i : i + READ_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for r in await self._all(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE id IN ({marks})", chunk
+            ):
+                job = _row_to_job(r, specs)
+                out[job.id] = job
+        return out
 
     async def get_job(self, job_id: int) -> Job | None:
         rows = await self._all(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id=?", (job_id,))

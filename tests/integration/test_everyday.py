@@ -262,3 +262,21 @@ def test_classify_faults_only(tmp_path: Path) -> None:
     clean = subprocess.run([*argv, str(log)], capture_output=True, text=True, timeout=30)
     assert (clean.returncode, clean.stdout) == (0, "")
     assert os.path.exists(log)
+
+
+def test_wait_for_many_jobs_answers_each_in_the_order_asked(daemon: Daemon) -> None:
+    """More ids than one read of the store takes (500): those ended already, one still
+    running, and the answer in the order the ids were given."""
+    d = daemon
+    batch = d.cli("submit", "--gpus", "0", "--batch", "-", input="true\n" * 620)
+    ids = [int(i) for i in batch.stdout.split()]
+    assert d.call({"type": "wait", "ids": ids, "timeout_s": 120})["timed_out"] is False
+    gated = submit(d, "--gpus", "0", "--", "sh", "-c", "while [ ! -e go ]; do sleep 0.01; done")
+    asked = [*reversed(ids), gated]
+    d.wait_state(gated, "running")
+    (d.root / "go").touch()
+    reply = d.call({"type": "wait", "ids": asked, "timeout_s": 120})
+    assert [j["id"] for j in reply["jobs"]] == asked
+    assert {j["state"] for j in reply["jobs"]} == {"succeeded"}
+    unknown = d.cli("wait", str(ids[0]), "99999", check=False)
+    assert unknown.returncode == 1 and "99999" in unknown.stderr
