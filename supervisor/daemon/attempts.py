@@ -11,7 +11,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,11 +25,12 @@ from supervisor.core.jobs import ExitStatus, FailureReason, Job, classify_exit
 from supervisor.core.outcome import Facts
 from supervisor.core.table import Phase
 from supervisor.daemon import joblogs, oom
+from supervisor.daemon.ahead import Ahead, answers, behind
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.keepers import Drop, KeeperGone, Keepers, SpawnDropped, keeper_name
+from supervisor.daemon.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.kept import KeptProcess, kill_through
 from supervisor.daemon.launch import SpawnError, user_of
 from supervisor.gpus import apply_visibility
@@ -42,17 +43,6 @@ if TYPE_CHECKING:
     from supervisor.faults.watchdog import ProgressTracker
 
 log = structlog.get_logger("gpusvd.attempts")
-
-DROP_WAIT_S = 5.0  # for a held-back spawn's `dropped` answer, before a hung job is killed
-
-
-@dataclass
-class Ahead:
-    """A spawn started ahead, held back by its keeper until `after` exits."""
-
-    after: tuple[int, int]
-    drop: Drop = field(default_factory=Drop)  # asked: its keeper drops it
-    answered: anyio.Event = field(default_factory=anyio.Event)  # its spawn call returned
 
 
 @dataclass
@@ -369,19 +359,15 @@ class Runner:
         """Before a hung job is killed, what its keeper holds back to start behind it is
         dropped, and answered: the keeper would otherwise start it the moment the hung
         job dies, on the card about to be re-probed (the engine queues it again)."""
-        behind, fronts = [], {job_id}
-        for key, a in self._ahead.items():  # in launch order: a chain's front first
-            if a.after[0] in fronts:  # a chain drops whole (its keeper drops it so too)
-                behind.append(a)
-                fronts.add(key)
-        for a in behind:
+        line = behind(self._ahead, job_id)  # whole (its keeper drops it so too)
+        for a in line:
             a.drop.ask()
-        await _answers(behind)
+        await answers(line)
 
     async def ahead_answered(self) -> None:
         """Every held-back spawn answered: a drain stops those first, else the keeper
         starts one the moment the job in front dies, before the drop reaches it."""
-        await _answers(list(self._ahead.values()))
+        await answers(list(self._ahead.values()))
 
     def running_json(self) -> list[dict[str, Any]]:
         """The running attempts' processes, for a forensics report."""
@@ -396,9 +382,3 @@ class Runner:
         for p in self.procs.values():
             with contextlib.suppress(Exception):
                 p.handle.signal_tree(signal.SIGKILL)
-
-
-async def _answers(spawns: list[Ahead]) -> None:
-    with anyio.move_on_after(DROP_WAIT_S):
-        for a in spawns:
-            await a.answered.wait()

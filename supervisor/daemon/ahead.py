@@ -1,0 +1,40 @@
+"""Spawns started ahead that their keepers hold back, until the spawn call returns: what
+the runner drops before a hung job is killed, and waits on before a drain stops the jobs
+in front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+
+from supervisor.daemon.keepers import Drop
+
+DROP_WAIT_S = 5.0  # for a held-back spawn's `dropped` answer, before a hung job is killed
+
+
+@dataclass
+class Ahead:
+    """A spawn started ahead, held back by its keeper until `after` exits."""
+
+    after: tuple[int, int]
+    drop: Drop = field(default_factory=Drop)  # asked: its keeper drops it
+    answered: anyio.Event = field(default_factory=anyio.Event)  # its spawn call returned
+
+
+def behind(aheads: dict[int, Ahead], job_id: int) -> list[Ahead]:
+    """The line held back behind `job_id`: what follows it, and what follows those.
+    `aheads` is in launch order, so a job's front comes before it."""
+    out, fronts = [], {job_id}
+    for key, a in aheads.items():
+        if a.after[0] in fronts:
+            out.append(a)
+            fronts.add(key)
+    return out
+
+
+async def answers(spawns: list[Ahead]) -> None:
+    """Until each spawn call has returned (bounded: DROP_WAIT_S)."""
+    with anyio.move_on_after(DROP_WAIT_S):
+        for a in spawns:
+            await a.answered.wait()
