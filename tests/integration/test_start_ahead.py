@@ -262,3 +262,21 @@ def test_a_depth_of_one_claims_a_single_job_behind_a_running_one(
     assert held["state"] == "queued" and not held["starting"]
     (d.root / "go").touch()
     assert [d.wait_done(j)["state"] for j in (first, second, third)] == ["succeeded"] * 3
+
+
+def test_a_daemon_killed_with_a_line_waiting_runs_each_of_it_once_after_restart(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD)
+    first, second, third = gated_then_chain(d, 1)
+    pid = d.wait_pid(first)
+    d.kill9()
+    d.start()  # its attach closes the old connection: the keeper drops the whole line
+    assert d.wait_pid(first) == pid
+    (d.root / "go").touch()
+    for job in (second, third):
+        done = d.wait_done(job)
+        assert done["state"] == "succeeded"
+        assert [(a["reason"], a["pid"]) for a in done["attempts"][:1]] == [("interrupted", None)]
+    assert d.wait_done(first)["attempts"][0]["pid"] == pid
+    assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
