@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,12 +49,42 @@ def test_lines_split_across_reads_and_several_in_one_read_each_arrive_whole() ->
     assert not t.closed
 
 
-@pytest.mark.parametrize("line", [b"{not json\n", b"[1, 2]\n", b'"text"\n'])
-def test_a_line_that_is_not_a_message_closes_the_connection(line: bytes) -> None:
+@pytest.mark.parametrize("line", [b"{not json\n", b"[1, 2]\n", b'"text"\n', b"\xff\xfe\n"])
+def test_a_line_that_is_not_a_message_is_skipped_and_the_connection_kept(line: bytes) -> None:
     w, got, t = wire()
     w.data_received(b'{"id": 1}\n' + line + b'{"id": 2}\n')
-    assert got == [{"id": 1}] and t.closed
-    assert not w.write(b"{}\n")  # and nothing more is sent on it
+    assert got == [{"id": 1}, {"id": 2}] and not t.closed
+    assert w.write(b"{}\n") and t.sent == [b"{}\n"]  # and the connection still carries
+
+
+def test_a_message_its_handler_fails_on_is_skipped_and_the_connection_kept() -> None:
+    got: list[dict[str, Any]] = []
+
+    def handle(message: dict[str, Any]) -> None:
+        got.append(message)
+        _ = message["job"]["id"]  # a KeyError for the first: a bug of ours, not the keeper's
+
+    w, t = Wire("cpu", handle), Transport()
+    w.connection_made(t)
+    w.data_received(b'{"event": "exit"}\n{"event": "exit", "job": {"id": 7}}\n')
+    assert [m.get("job") for m in got] == [None, {"id": 7}] and not t.closed
+
+
+def test_an_exit_event_with_a_malformed_record_leaves_the_keepers_other_jobs_alone() -> None:
+    """Through the daemon's real handler: the bad exit is skipped, the keeper is not
+    taken for dead, and the next exit still reaches its job's watcher."""
+    keeper = keepers.Keeper("cpu", Path("/nonexistent"), Wire("cpu", lambda _m: None))
+    keeper.wire.on_message, keeper.wire.on_lost = keeper._dispatch, keeper._lost
+    t = Transport()
+    keeper.wire.connection_made(t)
+    good = {"job": 5, "attempt": 1, "pid": 10, "start_ticks": 1, "started_at": 1.0, "ended_at": 2.0}
+    keeper.wire.data_received(
+        b'{"event": "exit", "job": {"no": "fields"}}\n'
+        + json.dumps({"event": "exit", "job": good}).encode()
+        + b"\n"
+    )
+    assert not keeper.gone and not t.closed
+    assert list(keeper._ended) == [(5, 1)]
 
 
 def test_a_line_longer_than_the_limit_closes_the_connection(

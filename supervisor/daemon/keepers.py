@@ -103,19 +103,31 @@ class Wire(asyncio.Protocol):
         start = 0
         while (end := self.buffer.find(b"\n", start)) >= 0:
             line, start = bytes(self.buffer[start:end]), end + 1
-            try:
-                message = json.loads(line)
-                if not isinstance(message, dict):
-                    raise ValueError("not an object")
-                self.on_message(message)
-            except (ValueError, KeyError, TypeError) as exc:  # not a keeper of ours: leave it
-                log.error("keeper sent a bad line", keeper=self.name, error=repr(exc))
-                self.close()
-                return
+            self._take(line)
         del self.buffer[:start]
         if len(self.buffer) > MAX_LINE:
             log.error("keeper line too long", keeper=self.name, bytes=len(self.buffer))
             self.close()
+
+    def _take(self, line: bytes) -> None:
+        """One line, whatever is wrong with it, never costs the connection: closing it
+        would end every job of that keeper as `interrupted` (its watchers take a lost
+        connection for a dead keeper). An exit that could not be taken stays unacknowledged
+        in the keeper's journal, and the next attach serves it again."""
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            log.error("keeper sent a bad line", keeper=self.name, error=repr(exc), line=line[:200])
+            return
+        if not isinstance(message, dict):
+            log.error("keeper sent a bad line", keeper=self.name, line=line[:200])
+            return
+        try:
+            self.on_message(message)
+        except Exception:
+            log.exception(
+                "a keeper's message could not be taken", keeper=self.name, line=line[:200]
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.on_lost()
