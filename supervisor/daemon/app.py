@@ -149,6 +149,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         beat=lambda: board.beat("scheduler", time.monotonic()),
         can_follow=lambda cards: keepers.can(keeper_name(cards), "after"),
         can_chain=lambda cards: keepers.can(keeper_name(cards), "after_waiting"),
+        drop_ahead=runner.drop_ahead,
     )
     hooks = Hooks(cfg.hooks, book, broker)
     forensics.provide(running_jobs=runner.running_json, recent_kernel_lines=hangs.recent)

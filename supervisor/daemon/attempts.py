@@ -355,6 +355,14 @@ class Runner:
                 self.monitor.recovering.discard(card)
                 self.monitor.on_change()
 
+    def drop_ahead(self, job_ids: list[int]) -> None:
+        """Ask the keepers to drop these jobs' parked spawns now, before their Stops are
+        recorded: dropping what never ran needs no write (its end comes as `dropped`)."""
+        for job_id in job_ids:
+            ahead = self._ahead.get(job_id)
+            if ahead is not None:
+                ahead.drop.ask()
+
     async def _drop_behind(self, job_id: int) -> None:
         """Before a hung job is killed, what its keeper holds back to start behind it is
         dropped, and answered: the keeper would otherwise start it the moment the hung

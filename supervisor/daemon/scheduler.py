@@ -49,6 +49,7 @@ class Dispatcher:
         beat: Callable[[], None] = lambda: None,
         can_follow: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
         can_chain: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
+        drop_ahead: Callable[[list[int]], None] = lambda _job_ids: None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -59,6 +60,7 @@ class Dispatcher:
         self.beat = beat
         self.can_follow = can_follow  # whether the keeper of these cards starts jobs ahead
         self.can_chain = can_chain  # ... and behind one that waits itself
+        self.drop_ahead = drop_ahead  # asks the keepers to drop these jobs' parked spawns
         self.wake = anyio.Event()
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
@@ -213,8 +215,11 @@ class Dispatcher:
         """Jobs claimed ahead and still waiting (all, or those named) go back to the queue
         (`interrupted`, no budget): a pause lets nothing new start, not even what is lined
         up; and one behind a job that overran is not bound to its card."""
-        chosen = [j for j, _ in self.waiting_ahead()] if job_ids is None else job_ids
-        for job_id in list(chosen):
+        chosen = [j for j, _ in self.waiting_ahead()] if job_ids is None else list(job_ids)
+        # Their keepers drop the parked spawns first, with no write: while the database
+        # refuses the Stops, a job in front that exits must still start nothing behind it.
+        self.drop_ahead(chosen)
+        for job_id in chosen:
             await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
     def _followable(self, now_wall: float) -> list[tuple[int, Live]]:

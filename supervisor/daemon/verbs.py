@@ -7,9 +7,11 @@ whether a hold applies is `hold_refusal`, pure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -18,6 +20,7 @@ from supervisor.core.commands import Cancel, HoldJob
 from supervisor.core.jobs import Job, JobState
 from supervisor.daemon import joblogs, jobrows
 from supervisor.daemon.clock import now_iso
+from supervisor.daemon.store_writer import StorageError, storage_reason
 from supervisor.wire import protocol
 from supervisor.wire.protocol import Clean, JobRef, ProtocolError
 
@@ -88,13 +91,19 @@ class Verbs:
         if peer.uid != os.geteuid() and not self.api.access.is_admin(peer.uid):
             raise ProtocolError(protocol.FORBIDDEN, "not allowed: only admins pause the queue")
         marker = self.api.cfg.state_dir / PAUSED_FILE
-        if paused:
-            marker.write_text(f"paused by uid {peer.uid} at {now_iso()}\n")
-        else:
-            marker.unlink(missing_ok=True)
+        try:
+            if not paused:
+                marker.unlink(missing_ok=True)
+            elif not marker.exists():  # paused already: who paused it, and when, stay
+                _write_marker(marker, f"paused by uid {peer.uid} at {now_iso()}\n")
+        except OSError as exc:  # the marker is what makes a pause outlive a restart
+            raise StorageError(storage_reason(exc) or "cannot write", str(exc)) from None
         self.api.dispatcher.paused = paused
         if paused:
-            await self.api.dispatcher.release_ahead("the queue was paused before it started")
+            # The parked spawns are dropped before any Stop: a Stop the database refuses
+            # now leaves its job's end to be recorded (`interrupted`) once it takes writes.
+            with contextlib.suppress(StorageError):
+                await self.api.dispatcher.release_ahead("the queue was paused before it started")
         self.api.dispatcher.poke()
         return {"ok": True, "paused": paused}
 
@@ -122,3 +131,13 @@ class Verbs:
         with anyio.move_on_after(CLOSE_CANCEL_S, shield=True):
             for job_id in active:
                 await self.engine.do(Cancel(job_id))
+
+
+def _write_marker(path: Path, text: str) -> None:
+    """All of it or no file: an empty marker left by a failed write would pause the
+    next daemon without anyone having paused it."""
+    try:
+        path.write_text(text)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise

@@ -11,10 +11,12 @@ import errno
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from supervisor.client.connection import Client, Refused
@@ -171,3 +173,59 @@ def test_a_start_on_a_full_disk_waits_for_space_then_serves(
     d.wait_ready(timeout=60)
     assert d.show(job)["state"] == "succeeded"  # the database, untouched
     assert d.wait_done(d.submit("true", gpus=0))["state"] == "succeeded"
+
+
+def test_a_pause_that_cannot_write_its_marker_is_refused_and_changes_nothing(
+    small_fs: Path, daemon_on: Callable[[Path], Daemon]
+) -> None:
+    d = daemon_on(small_fs)
+    filler = fill(small_fs)
+    with pytest.raises(Refused) as refused:
+        Client(d.socket).call({"type": "pause"})
+    assert refused.value.code == "storage" and "disk full" in str(refused.value)
+    assert not (d.state / "paused").exists()
+    filler.unlink()
+    assert d.wait_done(d.submit("true", gpus=0))["state"] == "succeeded"  # not paused
+    assert Client(d.socket).call({"type": "pause"})["paused"]
+    assert (d.state / "paused").exists()
+
+
+def test_a_pause_while_the_database_refuses_writes_starts_nothing_lined_up_ahead(
+    small_fs: Path, make_daemon: Callable[..., Daemon]
+) -> None:
+    """The release of a job claimed ahead cannot be recorded while the database refuses
+    writes, but its parked spawn is dropped at once: the job in front exits, and nothing
+    starts behind it; the release is recorded once writes are taken again."""
+    if os.geteuid() != 0:
+        pytest.skip("job cgroups need root")
+    d = make_daemon(gpus=None, start=False, config="cpu_slots = 1\n[jobs]\nstart_ahead_s = 60\n")
+    d.state = small_fs / "state"
+    d.start()
+    d.wait_done(d.submit("true", mem_key="ahead", gpus=0))  # the kind is short from now on
+    gate = "while [ ! -e go ]; do sleep 0.01; done"
+    first = d.submit("sh", "-c", gate, mem_key="ahead", gpus=0)
+    pid = d.wait_pid(first)
+    second = d.submit("sh", "-c", "echo ran >> b", mem_key="ahead", gpus=0)
+    d.wait_for(lambda: d.show(second)["starting"], what="the second job claimed ahead")
+    spare = small_fs / "spare"
+    spare.write_bytes(b"\0" * 65536)  # room for the pause marker, later
+    filler = fill(small_fs)
+    d.wait_for(lambda: not submit(d, "refused")["ok"], what="a write refused")
+    spare.unlink()
+
+    reply = Client(d.socket).call({"type": "pause"})
+    assert reply["ok"] and reply["paused"], reply
+    (d.root / "go").touch()
+    d.wait_for(lambda: not psutil.pid_exists(pid), what="the first job's exit")
+    time.sleep(0.3)  # what would start behind it starts at once: it has had its time
+    assert not (d.root / "b").exists()
+
+    filler.unlink()
+    d.wait_for(lambda: not problems(d), 30, "health ok again once space is back")
+    assert d.wait_done(first)["state"] == "succeeded"
+    released = d.wait_for(lambda: (j := d.show(second))["state"] == "queued" and j, 30, "requeue")
+    assert [a["reason"] for a in released["attempts"]] == ["interrupted"]
+    assert not (d.root / "b").exists()
+    d.cli("resume")
+    assert d.wait_done(second)["state"] == "succeeded"
+    assert (d.root / "b").read_text() == "ran\n"
