@@ -50,13 +50,44 @@ def test_its_start_is_when_its_process_came_up_not_when_it_was_claimed() -> None
     t = Table()
     ahead(t)
     run(t, c.Ended(1, 1, Facts(ExitStatus(0, None))))
-    out = step(t, c.Started(2, 1, 202, 9.0), LATER)
+    out = step(t, c.Started(2, 1, 202, LATER.wall - 0.5), LATER)  # the keeper's stamp
     t.apply(out.changes)
     (pid,) = out.writes
     assert isinstance(pid, c.SetPid)
-    assert pid.attempt.started_at == LATER_ISO and pid.job_started_at == LATER_ISO
-    assert t.jobs[2].started_at == LATER_ISO and t.live[2].attempt.started_at == LATER_ISO
+    came_up = "2023-11-14T22:13:49.500Z"
+    assert pid.attempt.started_at == came_up and pid.job_started_at == came_up
+    assert t.jobs[2].started_at == came_up and t.live[2].attempt.started_at == came_up
     assert t.live[2].phase is Phase.RUNNING
+
+
+def test_its_start_taken_before_the_end_in_front_still_comes_after_that_end() -> None:
+    """The keeper reaps the job in front, then starts the one behind; the daemon may take
+    the start first. Both stamps are the keeper's, so the order of the records holds."""
+    t = Table()
+    ahead(t)
+    exited, came_up = LATER.wall - 0.020, LATER.wall - 0.010
+    run(t, c.Started(2, 1, 202, came_up))
+    out = step(t, c.Ended(1, 1, Facts(ExitStatus(0, None), exited_at=exited)), LATER)
+    t.apply(out.changes)
+    (save,) = [w for w in out.writes if isinstance(w, c.SaveJob)]
+    assert save.ended_attempt is not None
+    assert save.ended_attempt.ended_at == "2023-11-14T22:13:49.980Z"
+    assert t.live[2].attempt.started_at == "2023-11-14T22:13:49.990Z"
+    assert t.live[2].attempt.started_at >= save.ended_attempt.ended_at
+
+
+def test_an_end_is_stamped_when_the_keeper_saw_it_never_before_its_start() -> None:
+    t = Table()
+    running(t, spec())
+    out = step(t, c.Ended(1, 1, Facts(ExitStatus(3, None), exited_at=LATER.wall - 1)), LATER)
+    (save,) = [w for w in out.writes if isinstance(w, c.SaveJob)]
+    assert save.ended_attempt is not None
+    assert save.ended_attempt.ended_at == "2023-11-14T22:13:49.000Z"  # not LATER_ISO
+    t2 = Table()  # a clock that stepped back: the end is never stamped before the start
+    running(t2, spec())
+    out = step(t2, c.Ended(1, 1, Facts(ExitStatus(0, None), exited_at=0.0)), LATER)
+    (save,) = [w for w in out.writes if isinstance(w, c.SaveJob)]
+    assert save.ended_attempt is not None and save.ended_attempt.ended_at == ISO  # its start
 
 
 def test_a_job_not_claimed_ahead_keeps_its_claim_as_its_start() -> None:

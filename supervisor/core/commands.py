@@ -5,7 +5,6 @@ requests, no decisions), writes (what the store commits, in one transaction) and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -13,7 +12,7 @@ from supervisor.core.admission import Hold, Start
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts
 from supervisor.core.projection import Projection
-from supervisor.core.records import Attempt, Event
+from supervisor.core.records import Attempt, Event, iso_at
 
 
 @dataclass(frozen=True)
@@ -23,8 +22,7 @@ class Now:
 
     @cached_property  # a step stamps many rows with the same moment
     def iso(self) -> str:
-        stamp = datetime.fromtimestamp(self.wall, UTC).isoformat(timespec="milliseconds")
-        return stamp.replace("+00:00", "Z")
+        return iso_at(self.wall)
 
 
 # ---- commands ---------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
-from supervisor.core.records import Attempt, Event
+from supervisor.core.records import Attempt, Event, iso_at
 from supervisor.core.table import Live, Phase, Table, waiting_ahead
 
 # ---- the commands -----------------------------------------------------------------------
@@ -152,10 +152,13 @@ def _started(d: Draft, cmd: Started) -> None:
     attempt = dataclasses.replace(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
     job_started_at = None
     if live.after is not None:  # claimed ahead: it starts now, not when it was claimed
-        attempt = dataclasses.replace(attempt, started_at=d.now.iso)
+        # The keeper's stamp of the start, where it gave one: this step may come after
+        # the step that ends the job in front, which stamps that end with its exit.
+        at = iso_at(cmd.pid_start) if cmd.pid_start is not None else d.now.iso
+        attempt = dataclasses.replace(attempt, started_at=at)
         job = d.job(cmd.job_id)
         if job is not None and job.started_at == live.attempt.started_at:
-            job_started_at = d.now.iso
+            job_started_at = at
             d.set_job(dataclasses.replace(job, started_at=job_started_at))
     d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
     d.out.writes.append(SetPid(attempt, job_started_at))

@@ -12,7 +12,7 @@ from typing import Any
 
 from supervisor.core import retry
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobState, classify_exit, transition
-from supervisor.core.records import Attempt, Event
+from supervisor.core.records import Attempt, Event, iso_at
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Facts:
     peak_rss_mb: int | None = None
     peak_vram_mb: int | None = None  # the most VRAM its processes held, where the backend tells
     machine: dict[str, Any] | None = None  # readings for a hang record, taken when seen
+    exited_at: float | None = None  # epoch s its keeper reaped it: the attempt's end
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
     """The job and attempt after the attempt ended, with the events that say so."""
     reason, evidence = failure(f)
     code = f.status.shell_code if f.status else None
+    if f.exited_at is not None:  # when it ended, not when that was recorded here
+        at = max(iso_at(f.exited_at), attempt.started_at)
     closed = dataclasses.replace(
         attempt,
         ended_at=at,

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+
+
+def iso_at(wall: float) -> str:
+    """Epoch seconds as the records' stamp: UTC, milliseconds, `Z`."""
+    stamp = datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -299,6 +299,7 @@ class Runner:
             peak_rss_mb=_peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
             peak_vram_mb=p.peak_vram_mb,
             machine=machine,
+            exited_at=ended.ended_at if ended else None,
         )
         newest = ranking.newest_job({q.job_id: q.seq for q in self.procs.values()})
         await self.engine.do(Ended(p.job_id, p.n, facts))

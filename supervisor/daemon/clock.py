@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+from supervisor.core.records import iso_at
+
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def iso_from_epoch(epoch: float) -> str:
-    stamp = datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
+    return iso_at(epoch)
 
 
 def epoch_from_iso(stamp: str) -> float:
