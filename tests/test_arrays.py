@@ -3,6 +3,8 @@ job in the one submit step, and admission's cap on how many of an array run at o
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,7 +69,7 @@ def test_the_cap_comes_from_the_range_or_max_running_once() -> None:
 
 
 def test_summaries_count_the_newest_job_of_each_index() -> None:
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"id": 1, "array_id": 1, "array_index": 0, "state": "succeeded"},
         {"id": 2, "array_id": 1, "array_index": 1, "state": "failed"},
         {"id": 3, "array_id": None, "array_index": None, "state": "running"},

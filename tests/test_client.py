@@ -155,7 +155,11 @@ def test_every_option_has_a_line_of_help() -> None:
                 assert all(c.help for c in action._choices_actions)
                 continue
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
-    submit = cli_parser.parser()._subparsers._group_actions[0].choices["submit"]  # type: ignore[union-attr]
+    subparsers = cli_parser.parser()._subparsers
+    assert subparsers is not None
+    commands = subparsers._group_actions[0]
+    assert isinstance(commands, argparse._SubParsersAction)
+    submit = commands.choices["submit"]
     help_text = submit.format_help()
     assert "retried up to that many times" in help_text and "DURATION" in help_text
 

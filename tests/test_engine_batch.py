@@ -158,8 +158,8 @@ def test_the_scripts_reach_every_kind_of_end() -> None:
             t.apply(out.changes)
             for w in out.writes:
                 seen.update(ev.kind for ev in getattr(w, "events", ()))
-                if getattr(w, "ended_attempt", None) is not None:
-                    seen.add(f"ended {w.job.state}")  # type: ignore[attr-defined]
+                if isinstance(w, c.SaveJob) and w.ended_attempt is not None:
+                    seen.add(f"ended {w.job.state}")
             if isinstance(cmd, c.Dispatch) and any(s.after for s in cmd.starts):
                 seen.add("claimed ahead")
     ends = {f"ended {s}" for s in ("succeeded", "failed", "cancelled", "queued")}

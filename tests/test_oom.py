@@ -15,6 +15,7 @@ import pytest
 
 from supervisor.core import oom as ranking
 from supervisor.daemon import cgroups, oom
+from supervisor.keeper.cgroup import parse_oom_kill
 
 MB = 1024 * 1024
 
@@ -271,9 +272,9 @@ def test_parse_proc_cgroup_v1_and_v2() -> None:
 
 def test_parse_oom_kill_from_memory_events_and_oom_control() -> None:
     events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
-    assert cgroups.parse_oom_kill(events) == 2
-    assert cgroups.parse_oom_kill("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n") == 5
-    assert cgroups.parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n") is None
+    assert parse_oom_kill(events) == 2
+    assert parse_oom_kill("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n") == 5
+    assert parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n") is None
 
 
 def test_own_memory_cgroup_is_a_real_directory() -> None:

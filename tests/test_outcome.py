@@ -52,9 +52,10 @@ BUDGETS = {"fresh": (0, 0), "ordinary spent": (3, 0), "hang spent": (0, 20), "bo
 # A retry's delay: 2**ordinary_used for the ordinary budget, 1 s for the hang budget,
 # 0 for an interruption (charged to nothing).
 Q, F, C, S = JobState.QUEUED, JobState.FAILED, JobState.CANCELLED, JobState.SUCCEEDED
-ORDINARY = {"fresh": (Q, 1, 0, 1.0), "ordinary spent": (F, 3, 0, None)}
+Ends = dict[str, tuple[JobState, int, int, float | None]]
+ORDINARY: Ends = {"fresh": (Q, 1, 0, 1.0), "ordinary spent": (F, 3, 0, None)}
 ORDINARY |= {"hang spent": (Q, 1, 20, 1.0), "both spent": (F, 3, 20, None)}
-HANGS = {"fresh": (Q, 0, 1, 1.0), "ordinary spent": (Q, 3, 1, 1.0)}
+HANGS: Ends = {"fresh": (Q, 0, 1, 1.0), "ordinary spent": (Q, 3, 1, 1.0)}
 HANGS |= {"hang spent": (F, 0, 20, None), "both spent": (F, 3, 20, None)}
 DONE = {b: (S, *BUDGETS[b], None) for b in BUDGETS}
 CANCEL = {b: (C, *BUDGETS[b], None) for b in BUDGETS}

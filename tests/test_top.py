@@ -93,8 +93,13 @@ def test_an_idle_box() -> None:
 
 def test_without_a_terminal_prints_one_snapshot_whole() -> None:
     out = io.StringIO()
-    calls = []
-    assert run(lambda: calls.append(1) or snapshot(), out=out, inp=io.StringIO()) == 0
+    calls: list[int] = []
+
+    def fetch() -> dict[str, Any]:
+        calls.append(1)
+        return snapshot()
+
+    assert run(fetch, out=out, inp=io.StringIO()) == 0
     assert len(calls) == 1
     assert "python train.py --epochs 3" in out.getvalue()
     assert "\x1b" not in out.getvalue()

@@ -114,7 +114,8 @@ class Daemon:
         return int(self.call(request)["ids"][0])
 
     def show(self, job_id: int) -> dict[str, Any]:
-        return self.call({"type": "show", "ids": [job_id]})["job"]
+        job: dict[str, Any] = self.call({"type": "show", "ids": [job_id]})["job"]
+        return job
 
     def wait_for(
         self, predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
@@ -130,11 +131,12 @@ class Daemon:
         )
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 20.0) -> dict[str, Any]:
-        return self.wait_for(
+        job: dict[str, Any] = self.wait_for(
             lambda: (j := self.show(job_id))["state"] in states and j,
             timeout,
             f"job {job_id} in {states}",
         )
+        return job
 
     def wait_pid(self, job_id: int, timeout: float = 20.0) -> int:
         """The running attempt's leader pid, once recorded (it is written after `running`)."""

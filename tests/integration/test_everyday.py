@@ -50,14 +50,15 @@ def test_a_killed_run_client_cancels_its_job(daemon: Daemon) -> None:
     d = daemon
     for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
         client = run_client(d, "--gpus", "0", "--name", f"tied-{sig}", "--", "sleep", "300")
-        job = d.wait_for(
-            lambda sig=sig: [
+
+        def running(sig: signal.Signals = sig) -> list[Any]:
+            return [
                 j
                 for j in cli_json(d, "list")
                 if j["name"] == f"tied-{sig}" and j["state"] == "running"
-            ],
-            what="the run job running",
-        )[0]
+            ]
+
+        job = d.wait_for(running, what="the run job running")[0]
         client.send_signal(sig)
         code = client.wait(20)
         if sig != signal.SIGKILL:

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def peak_seen(d: Daemon, job: int, mb: int) -> None:
     )
 
 
-def hog_once(d: Daemon, mb: int) -> dict[str, object]:
+def hog_once(d: Daemon, mb: int) -> dict[str, Any]:
     """A finished run of `mb` MiB whose peak the daemon recorded."""
     release = d.root / f"release-{uuid.uuid4().hex[:8]}"
     job = hog(d, mb, release)
@@ -125,7 +126,11 @@ def test_cancelling_a_held_job_leaves_other_holds_intact(
     d.wait_state(big, "running")
     held = [d.submit("sleep", "0.1", mem_mb=400) for _ in range(2)]
     for job in held:
-        d.wait_for(lambda j=job: d.show(j)["waiting_for"], what="a hold")
+
+        def holding(j: int = job) -> Any:
+            return d.show(j)["waiting_for"]
+
+        d.wait_for(holding, what="a hold")
     d.cli("cancel", str(held[0]))
     assert d.show(held[0])["waiting_for"] is None
     assert d.show(held[0])["state"] == "cancelled"
@@ -262,7 +267,8 @@ def test_the_newest_job_ranks_first_for_the_oom_killer_and_the_next_newest_takes
 ) -> None:
     # The daemon's own value is lowered (or kept at 0 here): older jobs go to 0.
     d = make_daemon(gpus="3x8G")
-    jobs, pids = [], []
+    jobs: list[int] = []
+    pids: list[int] = []
 
     def ranks() -> list[int | None]:
         return [oom_score_adj(pid) for pid in pids]
@@ -271,7 +277,11 @@ def test_the_newest_job_ranks_first_for_the_oom_killer_and_the_next_newest_takes
         jobs.append(d.submit("sleep", "300"))
         pids.append(d.wait_pid(jobs[-1]))
         expected = [0] * n + [1000]
-        d.wait_for(lambda e=expected: ranks() == e, what=f"ranks {expected}, have {ranks()}")
+
+        def ranked(e: list[int] = expected) -> bool:
+            return ranks() == e
+
+        d.wait_for(ranked, what=f"ranks {expected}, have {ranks()}")
     # The newest ends: the next newest is promoted.
     d.cli("cancel", str(jobs[2]))
     d.wait_done(jobs[2])

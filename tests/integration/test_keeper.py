@@ -35,7 +35,9 @@ def test_spawn_records_the_exit_and_forgets_it_once_acknowledged() -> None:
         started = conn.call("spawn", **k.job(1, ["sh", "-c", "echo out; echo err >&2; exit 3"]))
         record = started["job"]
         assert record["pid"] > 0 and record["start_ticks"] > 0
-        assert record["cgroup"] == str(k.v2 / "job-1-1")
+        v2 = k.v2
+        assert v2 is not None
+        assert record["cgroup"] == str(v2 / "job-1-1")
         ended = _exit_event(conn)
         assert (ended["exit_code"], ended["signal"], ended["lost"]) == (3, None, False)
         assert k.output(1) == "out\nerr\n"
@@ -44,7 +46,7 @@ def test_spawn_records_the_exit_and_forgets_it_once_acknowledged() -> None:
             conn.call("spawn", **k.job(1, ["true"]))
         conn.call("ack", job=1, attempt=1)
         assert conn.call("list")["jobs"] == []
-        wait_for(lambda: not (k.v2 / "job-1-1").exists(), "the job's cgroup to go")
+        wait_for(lambda: not (v2 / "job-1-1").exists(), "the job's cgroup to go")
 
 
 @pytest.mark.parametrize("cgroups", [True, False], ids=["posix_spawn", "gated fork"])

@@ -141,8 +141,9 @@ def test_a_spawn_is_answered_with_its_record_once_the_status_pipe_reads_eof(
     answers: list[dict[str, object]] = []
     spec = spawn.Spec(1, 1, ("touch", str(marker)), "/", {"PATH": "/usr/bin:/bin"}, out, out)
     live = jobs.spawn(spec, answers.append)
-    assert live.status_fd is not None and answers == []
-    wait_for(lambda: select.select([live.status_fd], [], [], 0)[0], "the exec")
+    assert live is not None and live.status_fd is not None and answers == []
+    status_fd = live.status_fd
+    wait_for(lambda: select.select([status_fd], [], [], 0)[0], "the exec")
     jobs.exec_outcome((1, 1))
     assert answers == [{"job": jobs.journal.records[(1, 1)].to_json()}]
     _, status = os.waitpid(jobs.journal.records[(1, 1)].pid, 0)

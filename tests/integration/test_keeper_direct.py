@@ -8,10 +8,13 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from supervisor.keeper import cgroup, direct
+from supervisor.keeper.client import Connection
 from supervisor.keeper.spawn import Spec
 
 from .keeper_fixture import keeper
@@ -28,11 +31,21 @@ REPORT = (
 )
 
 
-def _exit_event(conn):  # type: ignore[no-untyped-def]
+def _exit_event(conn: Connection) -> dict[str, Any]:
     while True:
         message = conn.event()
         if message.get("event") == "exit":
-            return message["job"]
+            job: dict[str, Any] = message["job"]
+            return job
+
+
+def _field(line: str) -> tuple[str, str]:
+    """A `key=value` line as its key and value; any other as its first `:` field and
+    the whole line."""
+    if "=" in line:
+        key, value = line.split("=", 1)
+        return key, value
+    return line.split(":", 1)[0], line
 
 
 def _state(pid: int) -> tuple[str, str, str]:
@@ -41,7 +54,7 @@ def _state(pid: int) -> tuple[str, str, str]:
 
 
 def test_a_job_is_born_in_its_cgroups_with_its_setup_and_the_keeper_keeps_its_own(
-    tmp_path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     with keeper() as k:
         conn = k.connect()  # answered once the keeper serves: after its probe
@@ -50,10 +63,7 @@ def test_a_job_is_born_in_its_cgroups_with_its_setup_and_the_keeper_keeps_its_ow
         spec = k.job(1, ["sh", "-c", REPORT], cwd=str(tmp_path), oom_score_adj=700)
         record = conn.call("spawn", **spec)["job"]
         assert _exit_event(conn)["exit_code"] == 0, k.output(1)
-        out = dict(
-            line.split("=", 1) if "=" in line else (line.split(":", 1)[0], line)
-            for line in k.output(1).splitlines()
-        )
+        out = dict(_field(line) for line in k.output(1).splitlines())
         assert k.v2 is not None
         assert f"0::/{k.v2.name}/job-1-1" in k.output(1)
         if k.memcg is not None:

@@ -44,7 +44,11 @@ def state_dir() -> Iterator[tuple[Path, Path, Path]]:
             pid = pid_of(home)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
-                wait_for(lambda pid=pid: not alive(pid), "a keeper to die")
+
+                def dead(pid: int = pid) -> bool:
+                    return not alive(pid)
+
+                wait_for(dead, "a keeper to die")
         for root in (v2, v1):
             for group in sorted(root.glob("**/job-*"), reverse=True) if root.exists() else []:
                 cgroup.empty_out(group)

@@ -80,8 +80,12 @@ def test_a_kill_9_at_any_instant_of_a_burst_never_runs_an_attempt_twice(
         time.sleep(rng.uniform(0.0, 0.8))  # the instant of the kill, not a wait
         d.kill9()
         d.start()
+
+        def running_again(ids: list[int] = ids) -> dict[int, tuple[int, int]] | None:
+            return _running_with_pids(d, ids)
+
         running = d.wait_for(
-            lambda ids=ids: _running_with_pids(d, ids),
+            running_again,
             timeout=60,
             what=f"trial {trial}: the burst running again",
         )
@@ -93,6 +97,10 @@ def test_a_kill_9_at_any_instant_of_a_burst_never_runs_an_attempt_twice(
         d.cli("cancel", "--all")
         for job_id in ids:
             assert d.wait_done(job_id, timeout=60)["state"] == "cancelled"
-        d.wait_for(lambda ids=ids: not set(ids) & set(_live_attempts(d)), what="the burst gone")
+
+        def gone(ids: list[int] = ids) -> bool:
+            return not set(ids) & set(_live_attempts(d))
+
+        d.wait_for(gone, what="the burst gone")
     # How many starts the kills caught before their process was recorded: informative.
     print(f"{TRIALS} trials of {BURST}: {interrupted} jobs needed a second attempt")

@@ -434,7 +434,10 @@ def users() -> Iterator[Users]:
             made.append(members[-1].name)
         shared.chmod(0o755)
         _copy_code(shared / "code")
-        result = Users(group, grp.getgrnam(group).gr_gid, *members, shared, "")
+        member, other_member, outsider = members
+        result = Users(
+            group, grp.getgrnam(group).gr_gid, member, other_member, outsider, shared, ""
+        )
         python = _python_for(result)
         if python is None:
             pytest.skip("no Python 3.11+ that an ordinary user may run")

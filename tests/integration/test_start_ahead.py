@@ -225,9 +225,11 @@ def test_a_hang_of_its_card_puts_the_whole_chain_behind_it_back_in_the_queue(
     first, second, third = gated_then_chain(d, 1)
     d.append_kernel(XID_109_CARD0)
     for job in (second, third):
-        behind = d.wait_for(
-            lambda j=job: (a := attempts(d, j)) and a[0]["reason"] and a, what="end"
-        )
+
+        def ended(j: int = job) -> Any:
+            return (a := attempts(d, j)) and a[0]["reason"] and a
+
+        behind = d.wait_for(ended, what="end")
         assert behind[0]["reason"] == "interrupted" and behind[0]["pid"] is None
     assert attempts(d, first)[0]["reason"] == "gpu_hang"
     (d.root / "go").touch()
