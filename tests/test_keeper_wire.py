@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.daemon import keepers
-from supervisor.daemon.keepers import Wire
+from supervisor.daemon import keeper_wire, keepers
+from supervisor.daemon.keeper_wire import Wire
 
 
 class Transport(asyncio.Transport):
@@ -90,7 +90,7 @@ def test_an_exit_event_with_a_malformed_record_leaves_the_keepers_other_jobs_alo
 def test_a_line_longer_than_the_limit_closes_the_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(keepers, "MAX_LINE", 10)
+    monkeypatch.setattr(keeper_wire, "MAX_LINE", 10)
     w, got, t = wire()
     w.data_received(b'{"id": 1, "padding": "')
     assert t.closed and got == []
@@ -125,3 +125,32 @@ def test_a_drop_is_sent_once_at_the_first_ask_and_never_once_the_spawn_was_answe
     answered.arm(None)  # answered: it ran, or was refused; a kill goes through Kill orders
     answered.ask()
     assert sent == ["kill"]
+
+
+async def test_a_skipped_line_has_the_list_read_again_and_an_unreadable_record_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a skipped line, one `list` goes out; the exits its answer holds reach those
+    who wait for them, a record unreadable there too is only logged, and while even the
+    answers are skipped the lists come ever more slowly."""
+    monkeypatch.setattr(keepers, "RELIST_S", 0.01)
+    keeper = keepers.Keeper("cpu", Path("/nonexistent"), Wire("cpu", lambda _m: None))
+    keeper._relist_s = keepers.RELIST_S
+    w = keeper.wire
+    w.on_message, w.on_lost, w.on_skipped = keeper._dispatch, keeper._lost, keeper._skipped
+    t = Transport()
+    w.connection_made(t)
+    waiter = asyncio.ensure_future(keeper.ended((5, 1)))
+    await asyncio.sleep(0)
+    w.data_received(b"{garbled exit\n{also garbled\n")  # two skips, one list
+    await asyncio.sleep(0.05)
+    lists = [json.loads(s) for s in t.sent]
+    assert [m["op"] for m in lists] == ["list"]
+    good = {"job": 5, "attempt": 1, "pid": 10, "start_ticks": 1, "started_at": 1.0, "ended_at": 2.0}
+    answer = {"id": lists[0]["id"], "ok": True, "jobs": [{"no": "fields"}, good]}
+    w.data_received(json.dumps(answer).encode() + b"\n")
+    assert (await asyncio.wait_for(waiter, 1)).key == (5, 1)
+    assert keeper._relist_s == keepers.RELIST_S and not keeper._relist_due  # nothing more due
+    for _ in range(3):  # answers that cannot be read either: each wait twice as long
+        w.data_received(b"{garbled\n")
+    assert keeper._relist_s == 2 * keepers.RELIST_S

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import structlog
 
+from supervisor.daemon.keeper_wire import Wire
 from supervisor.daemon.kept import KeptProcess
 from supervisor.daemon.launch import SpawnError
 from supervisor.keeper.client import KeeperError, launch
@@ -29,7 +30,8 @@ from supervisor.keeper.spawn import Spec
 
 log = structlog.get_logger("gpusvd.keepers")
 
-MAX_LINE = 64 * 1024 * 1024  # `list` of a keeper with many unacknowledged records
+RELIST_S = 0.5  # after a skipped line: long enough for the spawn's watcher to be waiting
+RELIST_MAX_S = 60.0  # while list answers cannot be read either
 
 
 def keeper_name(cards: tuple[int, ...]) -> str:
@@ -81,69 +83,6 @@ class Drop:
             send()
 
 
-class Wire(asyncio.Protocol):
-    """A keeper connection's bytes, on asyncio's own transport: each whole line goes to
-    `on_message` from the loop's read callback, and a write is one `send`, with no task
-    in between. (anyio's socket stream registers the socket with the selector anew for
-    every read: two epoll calls and a task wake-up per message, three messages a job.)"""
-
-    def __init__(self, name: str, on_message: Callable[[dict[str, Any]], None]) -> None:
-        self.name = name
-        self.on_message = on_message
-        self.on_lost: Callable[[], None] = lambda: None
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        start = 0
-        while (end := self.buffer.find(b"\n", start)) >= 0:
-            line, start = bytes(self.buffer[start:end]), end + 1
-            self._take(line)
-        del self.buffer[:start]
-        if len(self.buffer) > MAX_LINE:
-            log.error("keeper line too long", keeper=self.name, bytes=len(self.buffer))
-            self.close()
-
-    def _take(self, line: bytes) -> None:
-        """One line, whatever is wrong with it, never costs the connection: closing it
-        would end every job of that keeper as `interrupted` (its watchers take a lost
-        connection for a dead keeper). An exit that could not be taken stays unacknowledged
-        in the keeper's journal, and the next attach serves it again."""
-        try:
-            message = json.loads(line)
-        except ValueError as exc:
-            log.error("keeper sent a bad line", keeper=self.name, error=repr(exc), line=line[:200])
-            return
-        if not isinstance(message, dict):
-            log.error("keeper sent a bad line", keeper=self.name, line=line[:200])
-            return
-        try:
-            self.on_message(message)
-        except Exception:
-            log.exception(
-                "a keeper's message could not be taken", keeper=self.name, line=line[:200]
-            )
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.on_lost()
-
-    def write(self, data: bytes) -> bool:
-        """Whether it was handed to the transport (False once the connection closes)."""
-        if self.transport is None or self.transport.is_closing():
-            return False
-        self.transport.write(data)
-        return True
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
 @dataclass
 class Keeper:
     name: str
@@ -156,6 +95,9 @@ class Keeper:
     _waiting: dict[Key, anyio.Event] = field(default_factory=dict)
     gone: bool = False
     features: frozenset[str] = frozenset()  # as its attach announced them
+    _relist_due: bool = False
+    _relist_s: float = RELIST_S  # doubles while even the list answers are skipped
+    _listing: set[int] = field(default_factory=set)  # ids of our own `list` requests
 
     async def call(
         self,
@@ -234,9 +176,48 @@ class Keeper:
         if event is not None:
             event.set()
 
+    def _skipped(self) -> None:
+        """A line was skipped: it may have been an exit. The keeper's journal still
+        holds every exit not acknowledged, so its `list` is read again shortly, and each
+        exit a watcher still waits for is taken from there."""
+        if self._relist_due or self.gone:
+            return
+        self._relist_due = True
+        asyncio.get_running_loop().call_later(self._relist_s, self._relist)
+        self._relist_s = min(RELIST_MAX_S, self._relist_s * 2)
+
+    def _relist(self) -> None:
+        self._relist_due = False
+        self._next += 1
+        self._listing.add(self._next)
+        try:
+            self._write(self._next, "list", {})
+        except KeeperGone:
+            self._listing.discard(self._next)
+
+    def _listed(self, message: dict[str, Any]) -> None:
+        """Our own `list`'s answer: a record that cannot be read here either is logged
+        once more, not listed again (that would go on for as long as it is kept)."""
+        self._relist_s = RELIST_S
+        found = 0
+        for raw in message.get("jobs") or ():
+            try:
+                record = record_from(raw)
+            except Exception as exc:
+                log.error("keeper record unreadable", keeper=self.name, error=repr(exc))
+                continue
+            if record.ended and record.key in self._waiting and record.key not in self._ended:
+                self._exited(record)
+                found += 1
+        log.info("keeper list read again after a skipped line", keeper=self.name, exits=found)
+
     def _dispatch(self, message: dict[str, Any]) -> None:
         if message.get("event") == "exit":
             self._exited(record_from(message["job"]))
+            return
+        if message.get("id") in self._listing:
+            self._listing.discard(message["id"])
+            self._listed(message)
             return
         slot = self._replies.pop(message.get("id", -1), None)
         if slot is not None:
@@ -388,7 +369,7 @@ def _spawn_fields(spec: Spec) -> dict[str, Any]:
 async def _connect(name: str, home: Path) -> Keeper:
     wire = Wire(name, lambda _message: None)  # nothing comes before the connection
     keeper = Keeper(name, home, wire)
-    wire.on_message, wire.on_lost = keeper._dispatch, keeper._lost
+    wire.on_message, wire.on_lost, wire.on_skipped = keeper._dispatch, keeper._lost, keeper._skipped
     loop = asyncio.get_running_loop()
     await loop.create_unix_connection(lambda: wire, str(home / "sock"))
     return keeper

@@ -130,3 +130,36 @@ async def test_a_keeper_that_dies_fails_its_waiters() -> None:
                 await proc.wait()
             _, records = await keepers.ensure("cpu")  # a new keeper takes over
             assert records[0].lost and not alive(proc.pid)
+
+
+async def test_an_exit_line_that_cannot_be_read_reaches_its_watcher_from_the_keepers_list() -> None:
+    """The exit's line is garbled on its way in: the daemon skips it, reads the keeper's
+    list again, and the watcher gets the exit from the journal; the connection stays."""
+    with state_dir() as (state, v2, v1):
+        async with Keepers(state, v2, v1) as keepers:
+            keeper, _ = await keepers.ensure("cpu")
+            fifo = state / "fifo"
+            os.mkfifo(fifo)
+            proc = await keepers.spawn(
+                "cpu", _spec(state, 1, ["sh", "-c", f"read x < {fifo}; exit 3"])
+            )
+            real, garbled = keeper.wire.data_received, list[bytes]()
+
+            def garble(data: bytes) -> None:
+                if b'"exit"' in data and not garbled:
+                    garbled.append(data)
+                    data = data.replace(b'{"event"', b'{event"', 1)  # no longer JSON
+                real(data)
+
+            keeper.wire.data_received = garble  # type: ignore[method-assign]
+            await anyio.to_thread.run_sync(fifo.write_text, "go\n")
+            with anyio.fail_after(10):
+                status = await proc.wait()
+            assert garbled, "the exit line was never seen"
+            assert status is not None and status.exit_code == 3
+            assert not keeper.gone
+            await proc.ack()
+            again = await keepers.spawn("cpu", _spec(state, 2, ["true"]))  # the same connection
+            assert again.keeper is keeper
+            status = await again.wait()
+            assert status is not None and status.exit_code == 0
