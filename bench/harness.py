@@ -101,6 +101,7 @@ class BenchDaemon:
         self.log = root / "daemon.log"
         self.gpus = gpus
         self.env = child_env(root.parent, GPUSV_SOCKET=str(self.socket), BENCH_ROOT=str(root))
+        self.cwd: Path | None = None  # with PYTHONPATH: a directory with no `supervisor`
         self.proc: subprocess.Popen[bytes] | None = None
         self._client: Client | None = None
 
@@ -126,7 +127,7 @@ class BenchDaemon:
         with open(self.log, "ab") as log:
             started = time.perf_counter()
             self.proc = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd
             )
         deadline = time.monotonic() + timeout
         while True:

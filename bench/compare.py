@@ -1,0 +1,105 @@
+"""Revisions side by side: `python -m bench.compare REV REV... [--pairs 3] [--jobs 2000]
+[--gpus 0]` (`.` is the working tree as it is, uncommitted changes included).
+
+Each revision is checked out as a git worktree in a temporary directory, and the runs
+take turns (A, B, A, B, ...), each on a fresh daemon that imports its own tree, so that
+this machine's drift of 10-20 % between minutes falls on all of them alike. Per run:
+the daemon's CPU per trivial job, jobs/s and the machine's CPU per job; then each
+revision's median. (`python -m supervisor.daemon.app` puts its working directory first
+on sys.path: the daemons run in their own directory, which holds no `supervisor`.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .harness import PY, BenchDaemon
+from .jobs import measure_throughput
+
+REPO = Path(__file__).resolve().parent.parent
+WARMUP_JOBS = 300  # the kind learnt as short, prometheus_client imported: as in use
+
+
+def _trees(revs: list[str], scratch: Path) -> dict[str, Path]:
+    trees = {}
+    for i, rev in enumerate(revs):
+        if rev == ".":
+            trees[rev] = REPO
+            continue
+        tree = scratch / f"tree-{i}"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(tree), rev],
+            check=True,
+        )
+        trees[rev] = tree
+    return trees
+
+
+def _imports_from(tree: Path, cwd: Path) -> str:
+    code = "import supervisor; print(supervisor.__file__)"
+    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([PY, "-c", code], env=env, cwd=cwd, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def _run(tree: Path, jobs: int, gpus: int, scratch: Path) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
+    config = "" if gpus else "cpu_slots = 2\n"
+    with BenchDaemon(root, config=config) as d:
+        d.env["PYTHONPATH"] = str(tree)
+        d.cwd = root
+        d.start()
+        measure_throughput(d, WARMUP_JOBS, gpus=gpus)
+        return measure_throughput(d, jobs, gpus=gpus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__)
+    ap.add_argument("revs", nargs="+", help="git revisions; `.` is the working tree")
+    ap.add_argument("--pairs", type=int, default=3, help="runs of each revision, in turn")
+    ap.add_argument("--jobs", type=int, default=2000, help="trivial jobs per run")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs per job (0: CPU slots)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gpusv-compare-", dir="/tmp") as tmp:
+        scratch = Path(tmp)
+        trees = _trees(args.revs, scratch)
+        try:
+            for rev, tree in trees.items():
+                print(f"{rev}: {_imports_from(tree, scratch)}", flush=True)
+            runs: dict[str, list[dict[str, Any]]] = {rev: [] for rev in trees}
+            for i in range(args.pairs):
+                for rev, tree in trees.items():
+                    m = _run(tree, args.jobs, args.gpus, scratch)
+                    runs[rev].append(m)
+                    per_job = 1000 * m["machine_cpu_s"] / m["jobs"]
+                    print(
+                        f"run {i + 1} {rev}: daemon {m['daemon_cpu_ms_per_job']:.3f} ms/job, "
+                        f"{m['jobs_per_s']:.0f} jobs/s, machine {per_job:.2f} ms/job",
+                        flush=True,
+                    )
+            for rev, ms in runs.items():
+                cpu = statistics.median(m["daemon_cpu_ms_per_job"] for m in ms)
+                rate = statistics.median(m["jobs_per_s"] for m in ms)
+                machine = statistics.median(1000 * m["machine_cpu_s"] / m["jobs"] for m in ms)
+                print(
+                    f"median {rev}: daemon {cpu:.3f} ms/job, {rate:.0f} jobs/s, "
+                    f"machine {machine:.2f} ms/job"
+                )
+        finally:
+            for tree in trees.values():
+                if tree != REPO:
+                    subprocess.run(
+                        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                        check=False,
+                    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
