@@ -29,6 +29,7 @@ from supervisor.daemon.forensics import Forensics
 from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
+from supervisor.daemon.job_lines import JobLines
 from supervisor.daemon.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import read_meminfo
@@ -101,7 +102,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
     deadman.start()
     board = HealthBoard()
     broker = Broker()
-    engine = Engine(store, broker)
+    engine = Engine(store, broker, lines=JobLines(cfg.log_job_lines_per_s))
     book = MemoryBook(store, broker, cfg.host_memory.margin)
     monitor = GpuMonitor(
         backend,

@@ -7,8 +7,6 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import structlog
-
 from supervisor.core.commands import InsertJob, RecordHang, SaveJob, SetPid, Write
 from supervisor.core.records import Event
 from supervisor.daemon.store import Store
@@ -22,9 +20,7 @@ from supervisor.daemon.store_schema import (
     _spec_json,
 )
 
-log = structlog.get_logger("gpusvd.events")
 SUBMITTED = Event("submitted", "submitted")
-LOGGED = 10  # event lines per commit; a big batch gets one line more
 
 INSERT_JOB = (
     "INSERT INTO jobs (id, spec, env, owner_uid, mem_key, priority, state, submitted_at) "
@@ -81,14 +77,12 @@ async def commit(store: Store, writes: Sequence[Write], request_id: str | None =
     """Commit every write in one transaction; raises if it did not commit. A submit's
     `request_id` is kept with the jobs it inserts, in the same transaction."""
     await store.write(transaction(store, writes, request_id))
-    _log(writes)
 
 
 def commit_later(store: Store, writes: Sequence[Write]) -> None:
     """Queue writes for the next group commit without waiting for it: only for what
     another durable record already holds (a pid is in its keeper's journal)."""
     store.write_later(transaction(store, writes, None))
-    _log(writes)
 
 
 def transaction(
@@ -137,19 +131,3 @@ def transaction(
                 db.execute(INSERT_HANG, _hang_params(other.row))
 
     return op
-
-
-def _log(writes: Sequence[Write]) -> None:
-    inserts = [w for w in writes if isinstance(w, InsertJob)]
-    saves = [w for w in writes if isinstance(w, SaveJob)]
-    if inserts and len(inserts) <= LOGGED:
-        for w in inserts:
-            log.info("submitted", event_kind="submitted", job_id=w.job.id, state="queued")
-    elif inserts:
-        ids = f"{inserts[0].job.id}-{inserts[-1].job.id}"
-        log.info("submitted", event_kind="submitted", job_ids=ids)
-    lines = [(w.job, ev) for w in saves for ev in w.events]
-    for job, ev in lines[:LOGGED]:
-        log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
-    if len(lines) > LOGGED:
-        log.info(f"and {len(lines) - LOGGED} more", event_kind=lines[-1][1].kind)

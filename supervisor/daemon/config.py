@@ -259,6 +259,7 @@ class Config:
     log_format: Literal["console", "json"] = field(
         default="console", metadata={"parse": _log_format}
     )
+    log_job_lines_per_s: int = field(default=20, metadata={"parse": _int(0)})  # 0: no cap
     socket_mode: int = field(default=0o660, metadata={"parse": _socket_mode})
     socket_group: str = field(default="", metadata={"parse": _string})
     admin_group: str = field(default="", metadata={"parse": _string})

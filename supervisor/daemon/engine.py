@@ -28,6 +28,7 @@ from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.commit import commit, commit_later
+from supervisor.daemon.job_lines import JobLines
 from supervisor.daemon.store import StorageError, Store
 
 log = structlog.get_logger("gpusvd.engine")
@@ -52,10 +53,17 @@ class TurnLost(RuntimeError):
 
 
 class Engine:
-    def __init__(self, store: Store, broker: Broker, clock: Callable[[], Now] = now) -> None:
+    def __init__(
+        self,
+        store: Store,
+        broker: Broker,
+        clock: Callable[[], Now] = now,
+        lines: JobLines | None = None,
+    ) -> None:
         self.store = store
         self.broker = broker
         self.clock = clock
+        self.lines = lines or JobLines()  # the events' log lines, once committed
         self.table = Table()
         self.epoch = 0  # +1 when a commit starts and when it ends
         self._turn = anyio.Lock(fast_acquire=True)  # no yield when free: one turn at a time
@@ -114,6 +122,7 @@ class Engine:
                 await commit(self.store, out.writes, request)
             finally:
                 self.epoch += 1
+            self.lines.log(out.writes)
         self.table.apply(out.changes)
         for action in out.actions:
             self.broker.publish(action)

@@ -1,9 +1,10 @@
 """SIGHUP: read the config again and apply what can change while jobs run.
 
-What is applied: the hooks, the connection limits, `admin_group`, `max_queued_per_user`
-and the defaults that new submits take (`[retries]`, `[watchdog]`). Everything else
-(the state dir, the socket, the GPUs, memory limits, ...) is kept as it was started and
-named in the log as needing a restart. A config that does not load changes nothing.
+What is applied: the hooks, the connection limits, `admin_group`, `max_queued_per_user`,
+`log_job_lines_per_s` and the defaults that new submits take (`[retries]`,
+`[watchdog]`). Everything else (the state dir, the socket, the GPUs, memory limits, ...)
+is kept as it was started and named in the log as needing a restart. A config that does
+not load changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     from supervisor.daemon.access import Access
     from supervisor.daemon.api import Api
+    from supervisor.daemon.engine import Engine
     from supervisor.daemon.hooks import Hooks
     from supervisor.daemon.server import Server
 
@@ -30,6 +32,7 @@ class Parts(Protocol):
 
     cfg: Config
     api: Api
+    engine: Engine
     hooks: Hooks
     access: Access
     server: Server
@@ -39,7 +42,15 @@ class Parts(Protocol):
 log = structlog.get_logger("gpusvd")
 
 RELOADABLE = frozenset(
-    {"hooks", "limits", "admin_group", "max_queued_per_user", "retries", "watchdog"}
+    {
+        "hooks",
+        "limits",
+        "admin_group",
+        "max_queued_per_user",
+        "retries",
+        "watchdog",
+        "log_job_lines_per_s",
+    }
 )
 
 
@@ -73,6 +84,7 @@ def apply(parts: Parts) -> None:
     cfg, applied, restart = plan(parts.cfg, loaded)
     parts.cfg = parts.api.cfg = cfg
     parts.hooks.cfg = cfg.hooks
+    parts.engine.lines.per_s = cfg.log_job_lines_per_s
     parts.access.admin_group = cfg.admin_group
     parts.server.max_connections = connection_cap(cfg.limits.max_connections)
     parts.server.max_per_user = cfg.limits.max_connections_per_user
