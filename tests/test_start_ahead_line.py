@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import anyio
 import pytest
 
+from supervisor.core import admission
 from supervisor.core.commands import Spawning, Started
 from supervisor.daemon.store import Store
 
@@ -63,3 +65,75 @@ async def test_nothing_is_claimed_behind_a_line_whose_front_has_run_long(store: 
     )
     m.table.live.pop(3)  # room for one more in the line, were the front still short
     assert m.sched._followable(time.time()) == []
+
+
+async def test_one_pass_claims_the_whole_line_of_every_card_and_its_claims_wake_no_pass(
+    store: Store,
+) -> None:
+    """Each claim is planned on the table as the claims before it in the pass left it;
+    a claim wakes no further pass (the pass made all it could), anything else does."""
+    m = await two_cards_running(store)
+    await m.dispatch()  # once
+    ahead = sorted((r.after[0], j) for j, r in m.table.live.items() if r.after is not None)
+    assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
+    assert not m.sched.wake.is_set()
+    await m.end(1)
+    assert m.sched.wake.is_set()  # an end wakes the loop
+
+
+async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
+    store: Store,
+) -> None:
+    m = await two_cards_running(store)
+    real, calls = m.sched.cards_now, []
+
+    def cards_now() -> list[admission.Card]:
+        calls.append(1)
+        if len(calls) == 3:  # read after the first claim: `gpusv pause` came meanwhile
+            m.sched.paused = True
+        return real()
+
+    m.sched.cards_now = cards_now  # type: ignore[method-assign]
+    await m.dispatch()
+    assert [(r.after[0], j) for j, r in m.table.live.items() if r.after is not None] == [(1, 3)]
+
+
+async def two_cards_running(store: Store) -> Machine:
+    """Two cards, each running a job of a short kind; six more queued."""
+    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
+    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
+    m.sched.short[KEY] = 0.01
+    await m.submit(*[spec()] * 8)
+    await m.dispatch()
+    for job in (1, 2):
+        await m.engine.do(Spawning(job, 1))
+        await m.engine.do(Started(job, 1, 4240 + job, time.time()))
+    m.sched.wake = anyio.Event()
+    return m
+
+
+async def test_a_job_submitted_while_a_pass_commits_goes_to_the_idle_card_not_into_a_line(
+    store: Store,
+) -> None:
+    """The pass planned before the job came, then waited for the engine while it was
+    submitted: it claims nothing ahead on that stale plan, and the pass that the submit
+    woke starts the job on the card that is idle."""
+    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
+    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
+    m.sched.short[KEY] = 0.01
+    await m.submit(spec())
+    await m.dispatch()
+    await m.engine.do(Spawning(1, 1))
+    await m.engine.do(Started(1, 1, 4241, time.time()))
+    await m.submit(spec(vram_mb=40_000))  # fits no card: held, so the pass commits its hold
+    await m.engine._turn.acquire()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(m.submit, spec())  # job 3: waits for the turn first
+        await anyio.sleep(0)
+        tg.start_soon(m.dispatch)  # plans without job 3, then waits for the turn
+        await anyio.sleep(0.05)
+        m.engine._turn.release()
+    assert 3 not in m.table.live  # not claimed behind job 1 on the stale plan
+    assert m.sched.wake.is_set()
+    await m.dispatch()
+    assert m.running()[3] != m.running()[1] and m.table.live[3].after is None

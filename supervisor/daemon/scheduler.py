@@ -68,7 +68,7 @@ class Dispatcher:
         self.mem_total_mb = total
         self.limit_mb = cfg.host_memory.limit_mb(total)
         self.reserve_mb = cfg.host_memory.reserve.resolve(total)
-        broker.subscribe(Changed, lambda _ev: self.poke())
+        broker.subscribe(Changed, self._changed)
         broker.subscribe(CardsChanged, lambda _ev: self.poke())
         self.short: OrderedDict[str, float] = OrderedDict()  # kind -> its last success, s
         if cfg.jobs.start_ahead_s > 0:
@@ -77,6 +77,15 @@ class Dispatcher:
 
     def poke(self) -> None:
         self.wake.set()
+
+    def _changed(self, ev: Changed) -> None:
+        """Any change of a job may let another start, but a claim: only a pass claims, and
+        it makes every claim it can before it ends (a claimed job that may be followed
+        pokes once its keeper started it: ProcessStarted). Else each claim would cost a
+        pass that finds nothing more to do."""
+        old, new = ev.old, ev.new
+        if old is None or old.state is not JobState.QUEUED or new.state is not JobState.RUNNING:
+            self.wake.set()
 
     def _ran(self, ended: AttemptEnded) -> None:
         """How long each kind of job (its memory key) last took to succeed: a kind that
@@ -154,7 +163,9 @@ class Dispatcher:
         ]
 
     async def dispatch_pass(self) -> float | None:
-        """One admission pass; returns seconds until the next backoff expires, if any."""
+        """One admission pass; returns seconds until the next backoff expires, if any.
+        `wake` is set by anything that changes while it runs: a pass follows at once."""
+        self.wake = anyio.Event()
         if self.draining or self.paused or not self.table.queue:
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
@@ -181,29 +192,41 @@ class Dispatcher:
                 Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
             )
         self._settle(plan.holds, full)  # the array caps' holds (device holds: the engine's)
-        if not plan.starts:
+        if not plan.starts and not self.wake.is_set():  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
 
     # ---- starting ahead ---------------------------------------------------------------
 
     async def _start_ahead(self, cards: list[admission.Card], now: float, now_wall: float) -> None:
-        """Claim the next job of one card or CPU slot while its job still runs; its keeper
+        """Claim the next job of each card or CPU slot while its job still runs; its keeper
         starts it the moment that job exits, with no round trip through here. Admission
         decides as if the running job had left its place, but still counts its memory
-        and VRAM: only a job that fits beside it is claimed ahead. One claim a pass, so
-        the next pass counts this one in."""
-        if not self.short or not self.table.queue:
-            return
-        for job_id, live in self._followable(now_wall):
-            start = self._ahead_of(job_id, live, cards, now, now_wall)
-            if start is None:
-                continue
-            spec = self.table.jobs[start.job_id].spec
-            projections = {start.job_id: self.book.projection(spec)}
-            uuids = {start.job_id: self.uuids_of(start.gpus)}
-            await self.engine.do(Dispatch((start,), (), projections, uuids, frozenset()))
-            return
+        and VRAM: only a job that fits beside it is claimed ahead. One claim at a time,
+        each planned on the table as the claims before it left it, until none is left to
+        make."""
+        while self.short and self.table.queue and self._may_claim():
+            for job_id, live in self._followable(now_wall):
+                start = self._ahead_of(job_id, live, cards, now, now_wall)
+                if start is None:
+                    continue
+                spec = self.table.jobs[start.job_id].spec
+                projections = {start.job_id: self.book.projection(spec)}
+                uuids = {start.job_id: self.uuids_of(start.gpus)}
+                await self.engine.do(Dispatch((start,), (), projections, uuids, frozenset()))
+                cards = self.cards_now()
+                break
+            else:
+                return
+
+    def _may_claim(self) -> bool:
+        """Read again before each claim: while the one before it was committed, a drain,
+        a pause or a storage fault may have come, or a change that the next pass must
+        plan from the start (a job submitted while a card is idle goes there, not into
+        a line behind a running job)."""
+        if self.draining or self.paused or self.engine.store.problem is not None:
+            return False
+        return not self.wake.is_set()
 
     def waiting_ahead(self) -> list[tuple[int, Live]]:
         """Jobs claimed ahead that still wait for the job in front, and are not being
@@ -357,7 +380,6 @@ class Dispatcher:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         task_status.started()
         while True:
-            self.wake = anyio.Event()
             delay = await self.dispatch_pass()
             self.beat()
             with anyio.move_on_after(delay if delay is not None else 3600):
