@@ -308,9 +308,9 @@ async def test_a_free_cpu_slot_makes_no_plan_for_jobs_settled_on_the_card(store:
     plans: list[dict[str, int]] = []
     real = m.sched._plan
 
-    def counted(cards: Any, free: dict[str, int], now: float, now_wall: float) -> Any:
+    def counted(cards: Any, free: dict[str, int], now: float, now_wall: float, w: int = 8) -> Any:
         plans.append(dict(free))
-        return real(cards, free, now, now_wall)
+        return real(cards, free, now, now_wall, w)
 
     m.sched._plan = counted  # type: ignore[method-assign]
     await m.dispatch()

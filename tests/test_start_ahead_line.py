@@ -137,3 +137,21 @@ async def test_a_job_submitted_while_a_pass_commits_goes_to_the_idle_card_not_in
     assert m.sched.wake.is_set()
     await m.dispatch()
     assert m.running()[3] != m.running()[1] and m.table.live[3].after is None
+
+
+async def test_the_job_claimed_ahead_is_the_first_that_fits_beside_even_past_one_that_does_not(
+    store: Store,
+) -> None:
+    """The claim ahead reads the first queued job alone; where that one does not fit
+    beside the running job (host RAM), the plan reads on and claims the next that does."""
+    m = Machine(store, cards=1, cpu_slots=0, wait_s=1e9)
+    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
+    m.sched.short[KEY] = 0.01
+    await m.submit(spec(mem_mb=50_000), spec(mem_mb=50_000), spec(mem_mb=1_000))
+    await m.dispatch()
+    await m.engine.do(Spawning(1, 1))
+    await m.engine.do(Started(1, 1, 4241, time.time()))
+    await m.dispatch()
+    ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
+    assert ahead == {3: (1, 1)}  # 2 would need 100 GB of the 89 GB RAM beside job 1
+    assert 2 in m.waiting()  # still queued

@@ -289,7 +289,9 @@ class Dispatcher:
         else:
             shown, free = cards, {"gpu": 0, "cpu": 1}
         free.update(self._array_room())
-        for start in self._plan(shown, free, now, now_wall).starts:
+        # Only its start is wanted, not the others' holds: the first of the settled jobs
+        # is read alone, and more only where it does not fit.
+        for start in self._plan(shown, free, now, now_wall, w=0).starts:
             job = self.table.jobs[start.job_id]
             if start.gpus == live.cards and not job.spec.share:
                 return dataclasses.replace(start, after=(job_id, live.attempt.n))
@@ -327,13 +329,18 @@ class Dispatcher:
         return room
 
     def _plan(
-        self, cards: list[admission.Card], free: dict[str, int], now: float, now_wall: float
+        self,
+        cards: list[admission.Card],
+        free: dict[str, int],
+        now: float,
+        now_wall: float,
+        w: int = 8,
     ) -> admission.Plan:
         """admission.plan over the whole queue, reading of a kind's settled jobs only the
         first K + w when K units of it are free. That is the whole queue's plan if its
         starts used the K units up before the first job left out (those after it would be
         held as they are); else w grows and the plan is made again."""
-        host, running, w = self.host(), self.running_use(), 8
+        host, running = self.host(), self.running_use()
         limit = self.cfg.host_memory.max_backfill_wait_s
         while True:
             ends = self.table.queue.ends(free, w)
@@ -366,7 +373,7 @@ class Dispatcher:
                 for k, key in cuts.items()
             ):
                 return plan
-            w *= 8
+            w = max(8, w * 8)
 
     def _possible(self, job_id: int) -> bool:
         """Whether the job could run once everything else has left (admission's rule)."""
