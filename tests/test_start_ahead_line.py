@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from supervisor.core import admission
-from supervisor.core.commands import Spawning, Started
+from supervisor.core.commands import ProcessStarted, Spawning, Started
 from supervisor.daemon.store import Store
 
 from .test_jobqueue import Machine, spec
@@ -155,3 +155,19 @@ async def test_the_job_claimed_ahead_is_the_first_that_fits_beside_even_past_one
     ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
     assert ahead == {3: (1, 1)}  # 2 would need 100 GB of the 89 GB RAM beside job 1
     assert 2 in m.waiting()  # still queued
+
+
+async def test_a_start_told_while_a_pass_claims_lets_it_go_on_claiming(store: Store) -> None:
+    """A process started elsewhere asks for a pass (it may be followed) but changes
+    nothing the pass's plan must see anew: its claims go on."""
+    m = await two_cards_running(store)
+    real = m.sched.cards_now
+
+    def cards_now() -> list[admission.Card]:
+        m.engine.broker.publish(ProcessStarted(2, 4242))  # as a keeper's answer would
+        return real()
+
+    m.sched.cards_now = cards_now  # type: ignore[method-assign]
+    await m.dispatch()
+    assert sum(1 for r in m.table.live.values() if r.after is not None) == 4
+    assert m.sched.wake.is_set()  # a pass follows, to follow what started

@@ -62,6 +62,7 @@ class Dispatcher:
         self.can_chain = can_chain  # ... and behind one that waits itself
         self.drop_ahead = drop_ahead  # asks the keepers to drop these jobs' parked spawns
         self.wake = anyio.Event()
+        self.stale = False  # the table changed since this pass planned (see _may_claim)
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         total = read_meminfo().total_mb
@@ -73,9 +74,11 @@ class Dispatcher:
         self.short: OrderedDict[str, float] = OrderedDict()  # kind -> its last success, s
         if cfg.jobs.start_ahead_s > 0:
             broker.subscribe(AttemptEnded, self._ran)
-            broker.subscribe(ProcessStarted, lambda _ev: self.poke())  # it may be followed
+            # A start may be followed: a pass soon, but nothing the plan must see anew.
+            broker.subscribe(ProcessStarted, lambda _ev: self.wake.set())
 
     def poke(self) -> None:
+        self.stale = True
         self.wake.set()
 
     def _changed(self, ev: Changed) -> None:
@@ -85,7 +88,7 @@ class Dispatcher:
         pass that finds nothing more to do."""
         old, new = ev.old, ev.new
         if old is None or old.state is not JobState.QUEUED or new.state is not JobState.RUNNING:
-            self.wake.set()
+            self.poke()
 
     def _ran(self, ended: AttemptEnded) -> None:
         """How long each kind of job (its memory key) last took to succeed: a kind that
@@ -165,7 +168,7 @@ class Dispatcher:
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any.
         `wake` is set by anything that changes while it runs: a pass follows at once."""
-        self.wake = anyio.Event()
+        self.wake, self.stale = anyio.Event(), False
         if self.draining or self.paused or not self.table.queue:
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
@@ -192,7 +195,7 @@ class Dispatcher:
                 Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
             )
         self._settle(plan.holds, full)  # the array caps' holds (device holds: the engine's)
-        if not plan.starts and not self.wake.is_set():  # else the next pass plans anew
+        if not plan.starts and not self.stale:  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
 
@@ -226,7 +229,7 @@ class Dispatcher:
         a line behind a running job)."""
         if self.draining or self.paused or self.engine.store.problem is not None:
             return False
-        return not self.wake.is_set()
+        return not self.stale
 
     def waiting_ahead(self) -> list[tuple[int, Live]]:
         """Jobs claimed ahead that still wait for the job in front, and are not being
