@@ -23,7 +23,7 @@ from .harness import PY, BenchDaemon
 from .jobs import measure_throughput
 
 REPO = Path(__file__).resolve().parent.parent
-WARMUP_JOBS = 300  # the kind learnt as short, prometheus_client imported: as in use
+WARMUP_JOBS = 300  # first: the kind learnt as short, prometheus_client imported, as in use
 
 
 def _trees(revs: list[str], scratch: Path) -> dict[str, Path]:
@@ -48,14 +48,14 @@ def _imports_from(tree: Path, cwd: Path) -> str:
     return done.stdout.strip()
 
 
-def _run(tree: Path, jobs: int, gpus: int, scratch: Path) -> dict[str, Any]:
+def _run(tree: Path, jobs: int, gpus: int, warmup: int, scratch: Path) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
     config = "" if gpus else "cpu_slots = 2\n"
     with BenchDaemon(root, config=config) as d:
         d.env["PYTHONPATH"] = str(tree)
         d.cwd = root
         d.start()
-        measure_throughput(d, WARMUP_JOBS, gpus=gpus)
+        measure_throughput(d, warmup, gpus=gpus)
         return measure_throughput(d, jobs, gpus=gpus)
 
 
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=3, help="runs of each revision, in turn")
     ap.add_argument("--jobs", type=int, default=2000, help="trivial jobs per run")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs per job (0: CPU slots)")
+    ap.add_argument("--warmup", type=int, default=WARMUP_JOBS, help="jobs run first, unmeasured")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpusv-compare-", dir="/tmp") as tmp:
         scratch = Path(tmp)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict[str, Any]]] = {rev: [] for rev in trees}
             for i in range(args.pairs):
                 for rev, tree in trees.items():
-                    m = _run(tree, args.jobs, args.gpus, scratch)
+                    m = _run(tree, args.jobs, args.gpus, args.warmup, scratch)
                     runs[rev].append(m)
                     per_job = 1000 * m["machine_cpu_s"] / m["jobs"]
                     print(

@@ -103,3 +103,19 @@ def test_the_list_target_names_the_installed_figure_beside_the_editable_one() ->
     client = {"gpusv_list": {"p50": 41.0}, "installed_list": {"p50": 27.0}}
     target = next(t for t in report.targets({"client": client}) if t.name.startswith("list:"))
     assert target.ok is False and "installed, not editable: 27.0 ms" in target.detail
+
+
+@pytest.mark.timeout(300)
+def test_compare_runs_revisions_in_turn_each_from_its_own_tree(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.compare import main as compare
+
+    assert compare(["HEAD", ".", "--pairs", "1", "--jobs", "10", "--warmup", "2"]) == 0
+    printed = capsys.readouterr().out
+    imported = dict(line.split(": ", 1) for line in printed.splitlines()[:2])
+    assert "/gpusv-compare-" in imported["HEAD"] and "/tree-0/" in imported["HEAD"]
+    assert imported["."] == str(
+        Path(__file__).resolve().parent.parent / "supervisor" / "__init__.py"
+    )
+    assert "median HEAD: daemon" in printed and "median .: daemon" in printed

@@ -84,8 +84,8 @@ class Dispatcher:
     def _changed(self, ev: Changed) -> None:
         """Any change of a job may let another start, but a claim: only a pass claims, and
         it makes every claim it can before it ends (a claimed job that may be followed
-        pokes once its keeper started it: ProcessStarted). Else each claim would cost a
-        pass that finds nothing more to do."""
+        asks for a pass once its keeper started it: ProcessStarted). Else each claim
+        would cost a pass that finds nothing more to do."""
         old, new = ev.old, ev.new
         if old is None or old.state is not JobState.QUEUED or new.state is not JobState.RUNNING:
             self.poke()
@@ -167,7 +167,8 @@ class Dispatcher:
 
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any.
-        `wake` is set by anything that changes while it runs: a pass follows at once."""
+        What asks for a pass while it runs sets `wake` (the next pass follows at once);
+        a change of the table also sets `stale`, which stops its claims ahead."""
         self.wake, self.stale = anyio.Event(), False
         if self.draining or self.paused or not self.table.queue:
             return None
