@@ -44,6 +44,7 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
         while parts.runner.procs:  # each end acknowledged to its keeper
             await anyio.sleep(0.02)
     await parts.keepers.shutdown_idle()  # a stopped daemon leaves no keeper behind
+    parts.engine.lines.flush()  # the last second's job lines left out, summed up
     log.info("drained")
     scope.cancel()
 
@@ -54,6 +55,7 @@ async def _leave(parts: Parts, scope: anyio.CancelScope, why: str) -> None:
     parts.phase = Phase.DRAINING
     parts.dispatcher.drain()
     parts.notifier.stopping()
+    parts.engine.lines.flush()
     log.info(
         "leaving: running jobs stay with their keepers", why=why, running=len(parts.runner.procs)
     )
