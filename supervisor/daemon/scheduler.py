@@ -224,10 +224,9 @@ class Dispatcher:
                 return
 
     def _may_claim(self) -> bool:
-        """Read again before each claim: while the one before it was committed, a drain,
-        a pause or a storage fault may have come, or a change that the next pass must
-        plan from the start (a job submitted while a card is idle goes there, not into
-        a line behind a running job)."""
+        """Read before each claim: while the last was committed, a drain, a pause, a
+        storage fault or a change the next pass must plan from the start may have come
+        (a job submitted while a card is idle goes there, not into a line)."""
         if self.draining or self.paused or self.engine.store.problem is not None:
             return False
         return not self.stale
