@@ -70,11 +70,10 @@ def test_a_message_its_handler_fails_on_is_skipped_and_the_connection_kept() -> 
     assert [m.get("job") for m in got] == [None, {"id": 7}] and not t.closed
 
 
-def test_an_exit_event_with_a_malformed_record_leaves_the_keepers_other_jobs_alone() -> None:
+async def test_an_exit_event_with_a_malformed_record_leaves_the_keepers_other_jobs_alone() -> None:
     """Through the daemon's real handler: the bad exit is skipped, the keeper is not
     taken for dead, and the next exit still reaches its job's watcher."""
-    keeper = keepers.Keeper("cpu", Path("/nonexistent"), Wire("cpu", lambda _m: None))
-    keeper.wire.on_message, keeper.wire.on_lost = keeper._dispatch, keeper._lost
+    keeper = keepers.wired("cpu", Path("/nonexistent"))
     t = Transport()
     keeper.wire.connection_made(t)
     good = {"job": 5, "attempt": 1, "pid": 10, "start_ticks": 1, "started_at": 1.0, "ended_at": 2.0}
@@ -134,10 +133,9 @@ async def test_a_skipped_line_has_the_list_read_again_and_an_unreadable_record_r
     who wait for them, a record unreadable there too is only logged, and while even the
     answers are skipped the lists come ever more slowly."""
     monkeypatch.setattr(keepers, "RELIST_S", 0.01)
-    keeper = keepers.Keeper("cpu", Path("/nonexistent"), Wire("cpu", lambda _m: None))
+    keeper = keepers.wired("cpu", Path("/nonexistent"))
     keeper._relist_s = keepers.RELIST_S
     w = keeper.wire
-    w.on_message, w.on_lost, w.on_skipped = keeper._dispatch, keeper._lost, keeper._skipped
     t = Transport()
     w.connection_made(t)
     waiter = asyncio.ensure_future(keeper.ended((5, 1)))

@@ -366,10 +366,16 @@ def _spawn_fields(spec: Spec) -> dict[str, Any]:
     return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
 
 
-async def _connect(name: str, home: Path) -> Keeper:
-    wire = Wire(name, lambda _message: None)  # nothing comes before the connection
+def wired(name: str, home: Path) -> Keeper:
+    """A keeper's handle and its wire, whose lines, loss and skips go to the handle."""
+    wire = Wire(name, lambda _message: None)
     keeper = Keeper(name, home, wire)
     wire.on_message, wire.on_lost, wire.on_skipped = keeper._dispatch, keeper._lost, keeper._skipped
+    return keeper
+
+
+async def _connect(name: str, home: Path) -> Keeper:
+    keeper = wired(name, home)
     loop = asyncio.get_running_loop()
-    await loop.create_unix_connection(lambda: wire, str(home / "sock"))
+    await loop.create_unix_connection(lambda: keeper.wire, str(home / "sock"))
     return keeper
