@@ -374,14 +374,17 @@ class Api:
 
     async def wait(self, req: JobRef, peer: Peer) -> WaitReply:
         done: list[JobJson | PublicJobJson] = []
-        with anyio.move_on_after(req.timeout_s if req.timeout_s is not None else 10**9):
-            # Those ended already are read in a few queries, not one each.
-            stored = await self.store.get_jobs([i for i in req.ids if i not in self.table.jobs])
+        # Those in the table are watched from now (before any await); the others have
+        # ended already, and are read in a few queries, not one each.
+        live = {i for i in req.ids if i in self.table.jobs}
+        timeout = req.timeout_s if req.timeout_s is not None else 10**9
+        with self.ends.watching(live) as watch, anyio.move_on_after(timeout):
+            stored = await self.store.get_jobs([i for i in req.ids if i not in live])
             ended = {i: job for i, job in stored.items() if job.state.terminal}
             for job_id in req.ids:
-                job = ended.get(job_id) or await self._job(job_id)
-                while not job.state.terminal:
-                    job = await self.ends.until_ended(job_id) or await self._job(job_id)
+                job = watch.ended.pop(job_id, None) or ended.get(job_id) or await self._job(job_id)
+                if not job.state.terminal:
+                    job = await watch.until_ended(job_id)
                 view = self.job_view(job)
                 done.append(view if self.access.may_act(peer, job) else views.public_view(view))
             return {"ok": True, "jobs": done, "timed_out": False}
