@@ -5,7 +5,9 @@ journal (the gate), not synced: the page cache outlives a crash of the keeper or
 and a power loss that loses the line ends the process too (journal.py). What another
 party could act on is synced first: an exit is reported only after its record is
 synced, an acknowledgement answered only after the record is gone from the journal on
-disk. `after_sync` holds what waits for the next sync.
+disk. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
+needs only that attempt's exit written (`ended`), not synced: what starts on the freed
+slot does not wait for the disk, and no one is told of the exit before it is synced.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class Jobs:
         self.killing: dict[Key, Killing] = {}
         self.removing: dict[Key, cgroup.Groups] = {}  # acknowledged; cgroups not yet gone
         self.after_sync: list[Callable[[], None]] = []
-        self.on_exit: Callable[[Record], None] = lambda record: None
+        self.on_exit: Callable[[Record], None] = lambda record: None  # once synced
+        self.ended: list[Record] = []  # exits written this turn, their slots not released
         self.unwatch: Callable[[int], None] = lambda fd: None  # before a watched fd closes
         self._warned: set[str] = set()
         self.direct: direct.Home | None = None  # where jobs may start with posix_spawn
@@ -187,6 +190,7 @@ class Jobs:
         )
         self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
         self.after_sync.append(lambda: self.on_exit(record))
+        self.ended.append(record)
 
     def exec_outcome(self, key: Key) -> None:
         """The status pipe is readable: EOF means the command runs; text says why not."""
@@ -246,6 +250,7 @@ class Jobs:
         if reply is not None and error:
             self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
         self.after_sync.append(lambda: self.on_exit(record))
+        self.ended.append(record)
 
     # -- kill -------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ connection also gets {"event": "exit", "job": {...}} for every exit, after its r
 synced. A malformed line is answered with an error and logged; it never costs a job.
 
 A spawn with `after` naming a running attempt, or one parked itself (a chain), is
-parked here, in memory, until that attempt's exit is recorded, and dropped with the
+parked here, in memory, until that attempt's exit is written, and dropped with the
 connection that sent it: a spawn that was never recorded has never run, and recovery
 relies on that (docs/keepers.md). A parked spawn dropped, or refused at its turn, drops
 those parked behind it: what they followed will never run.
@@ -82,6 +82,7 @@ class Server:
                 self._guarded(key.data)
             if self.reap_due:
                 self._guarded(self._reap)
+            self._guarded(self._release)
             self._guarded(self._sync)
             timeout = self.jobs.tick()
             if self.reap_due:  # the pass failed: try again soon, not only at the next child
@@ -101,6 +102,18 @@ class Server:
             action()
         except Exception as exc:  # a bug must not take every job's keeper with it
             self.log(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _release(self) -> None:
+        """Start what was parked behind the attempts that ended this turn, before their
+        exits are synced: the slot an exit freed waits neither for a turn nor for the disk
+        (a successor that cannot start ends too, and releases what is parked behind it)."""
+        while self.jobs.ended:
+            record = self.jobs.ended.pop(0)
+            for parked in self.parked.released_by(record.key):
+                if parked.conn.closed:  # one answered at once may have closed it
+                    self._never_started((parked.spec.job, parked.spec.attempt))
+                    continue
+                self._guarded(functools.partial(self._start_parked, parked))
 
     def _sync(self) -> None:
         """Make the turn's records durable, then do what waited on them."""
@@ -242,12 +255,6 @@ class Server:
     def _exited(self, record: Record) -> None:
         if self.attached is not None:
             self._send(self.attached, {"event": "exit", "job": record.to_json()})
-        # This turn, not the next: the slot the exit freed is not left idle for a turn.
-        for parked in self.parked.released_by(record.key):
-            if parked.conn.closed:  # one answered at once may have closed it: never starts
-                self._never_started((parked.spec.job, parked.spec.attempt))
-                continue
-            self._guarded(functools.partial(self._start_parked, parked))
 
     def _never_started(self, key: Key) -> None:
         self.log(f"job {key[0]} attempt {key[1]}: its connection closed before it started")
