@@ -1,12 +1,14 @@
 """Revisions side by side: `python -m bench.compare REV REV... [--pairs 3] [--jobs 2000]
-[--gpus 0]` (`.` is the working tree as it is, uncommitted changes included).
+[--gpus 0] [--latency N]` (`.` is the working tree as it is, uncommitted changes included).
 
 Each revision is checked out as a git worktree in a temporary directory, and the runs
 take turns (A, B, A, B, ...), each on a fresh daemon that imports its own tree, so that
 this machine's drift of 10-20 % between minutes falls on all of them alike. Per run:
-the daemon's CPU per trivial job, jobs/s and the machine's CPU per job; then each
-revision's median. (`python -m supervisor.daemon.app` puts its working directory first
-on sys.path: the daemons run in their own directory, which holds no `supervisor`.)
+the daemon's CPU per trivial job, jobs/s and the machine's CPU per job (with `--latency
+N`: N lone jobs one after another instead, from the submit request to the job's first
+instruction); then each revision's median. (`python -m supervisor.daemon.app` puts its
+working directory first on sys.path: the daemons run in their own directory, which holds
+no `supervisor`.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .harness import PY, BenchDaemon
-from .jobs import measure_throughput
+from .jobs import measure_latency, measure_throughput
 
 REPO = Path(__file__).resolve().parent.parent
 WARMUP_JOBS = 300  # first: the kind learnt as short, prometheus_client imported, as in use
@@ -48,15 +50,40 @@ def _imports_from(tree: Path, cwd: Path) -> str:
     return done.stdout.strip()
 
 
-def _run(tree: Path, jobs: int, gpus: int, warmup: int, scratch: Path) -> dict[str, Any]:
+def _run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
-    config = "" if gpus else "cpu_slots = 2\n"
+    config = "" if args.gpus else "cpu_slots = 2\n"
     with BenchDaemon(root, config=config) as d:
         d.env["PYTHONPATH"] = str(tree)
         d.cwd = root
         d.start()
-        measure_throughput(d, warmup, gpus=gpus)
-        return measure_throughput(d, jobs, gpus=gpus)
+        measure_throughput(d, args.warmup, gpus=args.gpus)
+        if args.latency:
+            return measure_latency(d, args.latency)
+        return measure_throughput(d, args.jobs, gpus=args.gpus)
+
+
+def _line(m: dict[str, Any]) -> str:
+    if "socket_submit_to_start_ms" in m:
+        return (
+            f"submit request -> start p50 {m['socket_submit_to_start_ms']['p50']:.2f} ms "
+            f"(the job's own start {m['job_spawn_floor_ms']['p50']:.2f} ms)"
+        )
+    per_job = 1000 * m["machine_cpu_s"] / m["jobs"]
+    return (
+        f"daemon {m['daemon_cpu_ms_per_job']:.3f} ms/job, {m['jobs_per_s']:.0f} jobs/s, "
+        f"machine {per_job:.2f} ms/job"
+    )
+
+
+def _median(ms: list[dict[str, Any]]) -> str:
+    if "socket_submit_to_start_ms" in ms[0]:
+        p50 = statistics.median(m["socket_submit_to_start_ms"]["p50"] for m in ms)
+        return f"submit request -> start p50 {p50:.2f} ms"
+    cpu = statistics.median(m["daemon_cpu_ms_per_job"] for m in ms)
+    rate = statistics.median(m["jobs_per_s"] for m in ms)
+    machine = statistics.median(1000 * m["machine_cpu_s"] / m["jobs"] for m in ms)
+    return f"daemon {cpu:.3f} ms/job, {rate:.0f} jobs/s, machine {machine:.2f} ms/job"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2000, help="trivial jobs per run")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs per job (0: CPU slots)")
     ap.add_argument("--warmup", type=int, default=WARMUP_JOBS, help="jobs run first, unmeasured")
+    ap.add_argument(
+        "--latency", type=int, default=0, metavar="N", help="instead: N lone jobs, submit -> start"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpusv-compare-", dir="/tmp") as tmp:
         scratch = Path(tmp)
@@ -76,22 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict[str, Any]]] = {rev: [] for rev in trees}
             for i in range(args.pairs):
                 for rev, tree in trees.items():
-                    m = _run(tree, args.jobs, args.gpus, args.warmup, scratch)
-                    runs[rev].append(m)
-                    per_job = 1000 * m["machine_cpu_s"] / m["jobs"]
-                    print(
-                        f"run {i + 1} {rev}: daemon {m['daemon_cpu_ms_per_job']:.3f} ms/job, "
-                        f"{m['jobs_per_s']:.0f} jobs/s, machine {per_job:.2f} ms/job",
-                        flush=True,
-                    )
+                    runs[rev].append(_run(tree, args, scratch))
+                    print(f"run {i + 1} {rev}: {_line(runs[rev][-1])}", flush=True)
             for rev, ms in runs.items():
-                cpu = statistics.median(m["daemon_cpu_ms_per_job"] for m in ms)
-                rate = statistics.median(m["jobs_per_s"] for m in ms)
-                machine = statistics.median(1000 * m["machine_cpu_s"] / m["jobs"] for m in ms)
-                print(
-                    f"median {rev}: daemon {cpu:.3f} ms/job, {rate:.0f} jobs/s, "
-                    f"machine {machine:.2f} ms/job"
-                )
+                print(f"median {rev}: {_median(ms)}")
         finally:
             for tree in trees.values():
                 if tree != REPO:

@@ -119,3 +119,12 @@ def test_compare_runs_revisions_in_turn_each_from_its_own_tree(
         Path(__file__).resolve().parent.parent / "supervisor" / "__init__.py"
     )
     assert "median HEAD: daemon" in printed and "median .: daemon" in printed
+
+
+def test_compare_with_latency_runs_lone_jobs_instead(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.compare import main as compare
+
+    assert compare([".", "--pairs", "1", "--latency", "2", "--warmup", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "run 1 .: submit request -> start p50 " in printed
+    assert "median .: submit request -> start p50 " in printed
