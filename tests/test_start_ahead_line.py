@@ -19,16 +19,19 @@ from .test_jobqueue import Machine, spec
 KEY = "k"  # spec()'s memory key
 
 
-async def line(store: Store, depth: int, chains: bool) -> tuple[Machine, list[tuple[int, int]]]:
-    """One card, job 1 running; five more of its short kind queued; passes until none
-    claims more. What was claimed ahead: (job, the job it follows)."""
+async def line(
+    store: Store, depth: int, chains: bool, last_s: float = 0.01
+) -> tuple[Machine, list[tuple[int, int]]]:
+    """One card, job 1 running; five more of its short kind (its last success took
+    `last_s`) queued; passes until none claims more. What was claimed ahead: (job, the
+    job it follows)."""
     m = Machine(store, cards=1, cpu_slots=0, wait_s=1e9)
     m.sched.cfg = dataclasses.replace(
         m.sched.cfg, jobs=dataclasses.replace(m.sched.cfg.jobs, start_ahead_depth=depth)
     )
     m.sched.can_follow = lambda _cards: True
     m.sched.can_chain = lambda _cards: chains
-    m.sched.short[KEY] = 0.01  # its last success took 10 ms
+    m.sched.short[KEY] = last_s
     await m.submit(*[spec()] * 6)
     await m.dispatch()
     await m.engine.do(Spawning(1, 1))
@@ -54,6 +57,25 @@ async def test_a_line_behind_a_short_job_is_as_deep_as_allowed(
     m, ahead = await line(store, depth, chains)
     assert ahead == claimed
     assert sorted(m.waiting()) == list(range(len(claimed) + 2, 7))  # the rest stay queued
+
+
+@pytest.mark.parametrize(
+    ("last_s", "claimed"),
+    [
+        (0.8, [(2, 1), (3, 2)]),  # 3 behind 1 and 2: 1.6 s; 4 behind three: 2.4 s > 2 s
+        (1.5, [(2, 1)]),  # 3 behind 1 and 2: 3 s
+        (2.5, []),  # a kind that ran long is never followed
+    ],
+)
+async def test_a_line_is_no_longer_than_its_kinds_last_runs_fit_in_start_ahead_s(
+    store: Store, last_s: float, claimed: list[tuple[int, int]]
+) -> None:
+    """start_ahead_s = 2 s: a job is claimed at the end of a line only where the jobs in
+    front of it are expected, by their kinds' last successes, to be done by then; the
+    depth allowed (4) is not what stops these lines."""
+    m, ahead = await line(store, 4, True, last_s)
+    assert m.sched.cfg.jobs.start_ahead_s == 2
+    assert ahead == claimed
 
 
 async def test_nothing_is_claimed_behind_a_line_whose_front_has_run_long(store: Store) -> None:
@@ -99,8 +121,11 @@ async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
 
 
 async def two_cards_running(store: Store) -> Machine:
-    """Two cards, each running a job of a short kind; six more queued."""
+    """Two cards, each running a job of a short kind, lines of two; six more queued."""
     m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
+    m.sched.cfg = dataclasses.replace(
+        m.sched.cfg, jobs=dataclasses.replace(m.sched.cfg.jobs, start_ahead_depth=2)
+    )
     m.sched.can_follow = m.sched.can_chain = lambda _cards: True
     m.sched.short[KEY] = 0.01
     await m.submit(*[spec()] * 8)

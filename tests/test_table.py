@@ -6,7 +6,7 @@ import dataclasses
 
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Attempt
-from supervisor.core.table import Changes, Live, Phase, Table
+from supervisor.core.table import Changes, Live, Phase, Table, line_of
 
 
 def job(job_id: int, state: JobState = JobState.QUEUED, hold: str | None = None) -> Job:
@@ -91,3 +91,22 @@ def test_an_attempt_closed_by_a_step_leaves_the_live_ones() -> None:
     t.apply(Changes(jobs={1: job(1, JobState.RUNNING)}, live={1: live(1)}))
     t.apply(Changes(live={1: None, 2: None}))
     assert t.live == {} and set(t.jobs) == {1}
+
+
+def test_the_line_a_job_ends_runs_from_its_front_through_each_job_waiting_ahead() -> None:
+    def ahead(job_id: int, after: int, phase: Phase = Phase.SPAWNING) -> Live:
+        return dataclasses.replace(live(job_id), phase=phase, after=(after, 1))
+
+    lives = {
+        1: live(1),
+        2: ahead(2, 1),
+        3: ahead(3, 2),
+        5: ahead(5, 4),
+        6: ahead(6, 1, Phase.RUNNING),
+    }
+    lives[7] = dataclasses.replace(live(7), phase=Phase.SPAWNING)  # an ordinary start
+    assert line_of(3, lives) == [1, 2, 3]
+    assert line_of(1, lives) == [1]
+    assert line_of(5, lives) == [5]  # 4 has exited: 5 is being started now, the front
+    assert line_of(6, lives) == [6]  # up already, though 1 still runs
+    assert line_of(7, lives) is None

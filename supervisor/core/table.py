@@ -48,6 +48,20 @@ def waiting_ahead(live: Live, lives: Mapping[int, Live | None]) -> bool:
     return before is not None and before.attempt.n == live.after[1]
 
 
+def line_of(job_id: int, lives: Mapping[int, Live]) -> list[int] | None:
+    """The line that `job_id` ends, front first: from a job that runs, or that is being
+    started now (the one it followed has exited), through each job waiting ahead behind
+    it. None while `job_id` is an ordinary start still under way."""
+    line, live = [job_id], lives[job_id]
+    while waiting_ahead(live, lives):
+        assert live.after is not None  # for mypy: waiting_ahead says so
+        line.append(live.after[0])
+        live = lives[live.after[0]]
+    if live.phase is not Phase.RUNNING and live.after is None:
+        return None
+    return line[::-1]
+
+
 @dataclass
 class Changes:
     """What one step changes; `Table.apply` makes it so."""

@@ -210,8 +210,9 @@ class JobsConfig:
     # its card or CPU slot is claimed while it runs, and its keeper starts that one the
     # moment it exits (docs/architecture.md, "Starting ahead"). 0: never.
     start_ahead_s: float = field(default=2.0, metadata={"parse": _number(0.0)})
-    # How many jobs may wait so, one behind the other, on one card or CPU slot.
-    start_ahead_depth: int = field(default=2, metadata={"parse": _int(1)})
+    # How many jobs may wait so, one behind the other, on one card or CPU slot (and only
+    # as many as their kinds' last runs fit in start_ahead_s).
+    start_ahead_depth: int = field(default=4, metadata={"parse": _int(1)})
 
 
 def _duration(value: object, key: str) -> float:

@@ -19,7 +19,7 @@ from supervisor.core import admission
 from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted, Stop
 from supervisor.core.jobqueue import DEVICE_HOLD, Key, array_kind, kind_of, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
-from supervisor.core.table import Live, Phase, waiting_ahead
+from supervisor.core.table import Live, line_of, waiting_ahead
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
@@ -83,9 +83,8 @@ class Dispatcher:
 
     def _changed(self, ev: Changed) -> None:
         """Any change of a job may let another start, but a claim: only a pass claims, and
-        it makes every claim it can before it ends (a claimed job that may be followed
-        asks for a pass once its keeper started it: ProcessStarted). Else each claim
-        would cost a pass that finds nothing more to do."""
+        it makes every claim it can (a claimed job that may be followed asks for a pass
+        once started: ProcessStarted), else each claim would cost an idle pass."""
         old, new = ev.old, ev.new
         if old is None or old.state is not JobState.QUEUED or new.state is not JobState.RUNNING:
             self.poke()
@@ -143,6 +142,10 @@ class Dispatcher:
     def _spec(self, job_id: int) -> JobSpec | None:
         job = self.table.jobs.get(job_id)
         return job.spec if job else None
+
+    def _last_run(self, job_id: int) -> float:  # its kind's last success, s (inf: unknown)
+        spec = self._spec(job_id)
+        return self.short.get(spec.mem_key, float("inf")) if spec else float("inf")
 
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
@@ -250,11 +253,11 @@ class Dispatcher:
 
     def _followable(self, now_wall: float) -> list[tuple[int, Live]]:
         """Jobs a next one may be claimed behind: not being stopped, on one card of their
-        own or a CPU slot, with nothing claimed behind them yet, of a kind that last
-        succeeded within `start_ahead_s`, and either up for less than that or waiting
-        themselves behind such a one (a chain, as long as `start_ahead_depth` and the
-        keeper allow). A long job is never followed: its next job would be bound to its
-        card or slot while another might free up first."""
+        own or a CPU slot, nothing claimed behind them yet, each at the end of a line
+        (itself, or behind a job up for less than `start_ahead_s`) whose kinds' last
+        successes add up to at most that, and no longer than `start_ahead_depth` and the
+        keeper allow. So the next job is not bound to a card or slot that another might
+        free up first."""
         limit, depth = self.cfg.jobs.start_ahead_s, self.cfg.jobs.start_ahead_depth
         lives = self.table.live
         behind = {r.after[0] for r in lives.values() if r.after is not None}
@@ -267,17 +270,14 @@ class Dispatcher:
                 continue
             if self.short.get(spec.mem_key, limit + 1) > limit:
                 continue
-            head, waiting = live, 0  # the job up front of its chain, and how many wait
-            while head.phase is not Phase.RUNNING and head.after is not None:
-                front = lives.get(head.after[0])
-                if front is None or front.attempt.n != head.after[1]:
-                    break  # its front has exited: it is being started now
-                head, waiting = front, waiting + 1
-            if head.phase is not Phase.RUNNING and head.after is None:
-                continue  # an ordinary start still under way
-            if waiting and (waiting >= depth or not self.can_chain(live.cards)):
+            line = line_of(job_id, lives)
+            if line is None or (len(line) > 1 and not self.can_chain(live.cards)):
                 continue
-            if now_wall - epoch_from_iso(head.attempt.started_at) < limit:
+            # The next job would start once the whole line has run: it must be expected
+            # to, by its kinds' last runs, within start_ahead_s.
+            if len(line) > depth or sum(map(self._last_run, line)) > limit:
+                continue
+            if now_wall - epoch_from_iso(lives[line[0]].attempt.started_at) < limit:
                 out.append((job_id, live))
         return out
 

@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 KEY = "ahead-kind"
-AHEAD = "cpu_slots = 1\n[jobs]\nstart_ahead_s = 60\n"
+AHEAD = "cpu_slots = 1\n[jobs]\nstart_ahead_s = 60\nstart_ahead_depth = 2\n"
 GATED = "while [ ! -e go ]; do sleep 0.01; done"  # runs until the test creates ./go
 
 
@@ -191,7 +191,7 @@ def test_a_pause_puts_a_job_claimed_ahead_back_in_the_queue(
 
 def gated_then_chain(d: Daemon, gpus: int) -> tuple[int, int, int]:
     """As gated_then_behind, and a third job (it writes ./c) claimed behind the second:
-    two wait, one behind the other (`start_ahead_depth`, 2 by default)."""
+    two wait, one behind the other (`start_ahead_depth` = 2 in AHEAD)."""
     first, second = gated_then_behind(d, gpus)
     third = d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=gpus)
     d.wait_for(lambda: d.show(third)["starting"], what="the third job claimed ahead")
@@ -216,6 +216,21 @@ def test_two_jobs_wait_one_behind_the_other_and_start_in_turn(
     assert ends[1]["started_at"] >= ends[0]["ended_at"]
     assert ends[2]["started_at"] >= ends[1]["ended_at"]
     assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
+
+
+def test_by_default_four_wait_in_line_behind_a_short_job_and_all_run_in_turn(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="1x8G", config=AHEAD.replace("start_ahead_depth = 2\n", ""))
+    first, _ = gated_then_behind(d, 0)
+    line = [d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=0) for _ in range(3)]
+    d.wait_for(lambda: all(d.show(j)["starting"] for j in line), what="a line of four")
+    fifth = d.submit("true", mem_key=KEY, gpus=0)
+    held = d.wait_for(lambda: (j := d.show(fifth))["waiting_for"] and j, what="a hold")
+    assert held["state"] == "queued" and not held["starting"]
+    (d.root / "go").touch()
+    assert all(d.wait_done(j)["state"] == "succeeded" for j in [first, *line, fifth])
+    assert (d.root / "b").read_text() == "ran\n" and (d.root / "c").read_text() == "ran\n" * 3
 
 
 def test_a_hang_of_its_card_puts_the_whole_chain_behind_it_back_in_the_queue(
@@ -257,7 +272,7 @@ def test_a_drain_lets_a_chain_claimed_ahead_go_without_running_any_of_it(
 def test_a_depth_of_one_claims_a_single_job_behind_a_running_one(
     make_daemon: Callable[..., Daemon],
 ) -> None:
-    d = make_daemon(gpus="1x8G", config=AHEAD + "start_ahead_depth = 1\n")
+    d = make_daemon(gpus="1x8G", config=AHEAD.replace("depth = 2", "depth = 1"))
     first, second = gated_then_behind(d, 1)
     third = d.submit("true", mem_key=KEY)
     held = d.wait_for(lambda: (j := d.show(third))["waiting_for"] and j, what="a hold")
