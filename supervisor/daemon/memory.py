@@ -7,6 +7,8 @@ sampler's cost with `python -m supervisor.daemon.memory` (see docs/host-memory.m
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import subprocess
 import sys
 import time
@@ -40,13 +42,20 @@ def read_meminfo() -> MemInfo:
     return MemInfo(total, vm.available // _MB, swap.used // _MB)
 
 
+@functools.cache
+def _meminfo_fd() -> int:
+    return os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC)
+
+
 def available_mb() -> int:
     """MemAvailable alone, from one read of /proc/meminfo: what every dispatch pass needs,
-    without read_meminfo's swap and cgroup-limit reads."""
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", "rb") as fh:
-        for line in fh:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) // 1024
+    without read_meminfo's swap and cgroup-limit reads. The file stays open: each pass
+    costs one pread, not the six calls of an open, read and close."""
+    with contextlib.suppress(OSError, ValueError):
+        text = os.pread(_meminfo_fd(), 8192, 0)
+        at = text.find(b"MemAvailable:")
+        if at >= 0:
+            return int(text[at + 13 : text.index(b"kB", at)]) // 1024
     return read_meminfo().available_mb
 
 
