@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 from . import cgroup
@@ -221,17 +222,33 @@ def _cgroup_mounts() -> dict[str, list[str]]:
     return mounts
 
 
+FOUND_FOR_S = 1.0  # a PATH search is reused this long (one stat), as a shell's hash is
+_found: dict[tuple[str, str, str], tuple[str, float]] = {}  # (name, PATH, cwd) -> path, at
+_clock = time.monotonic
+
+
 def _executable(spec: Spec) -> str:
     """argv[0] searched in the job's own PATH, as execvpe would: the first that may be
-    executed; else why not (a file that may not be run, or none at all)."""
+    executed; else why not (a file that may not be run, or none at all). A name found
+    less than FOUND_FOR_S ago in the same PATH and directory is taken again while it
+    may still be executed: a sweep of one command misses a dozen folders once a second,
+    not at each job, and a binary installed earlier in the PATH is seen within that."""
     name = spec.argv[0]
     if "/" in name:
         return name
+    folders = os.get_exec_path(spec.env)
+    key, now = (name, os.pathsep.join(folders), spec.cwd), _clock()
+    path, at = _found.get(key, ("", 0.0))
+    if path and now - at < FOUND_FOR_S and os.access(path, os.X_OK):
+        return path
     denied = False
-    for folder in os.get_exec_path(spec.env):
+    for folder in folders:
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             if os.access(path, os.X_OK):
+                if len(_found) >= 1024:  # many commands a second: forget them all at once
+                    _found.clear()
+                _found[key] = (path, now)
                 return path
             denied = True
     if denied:
