@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 
 from supervisor.core.records import iso_at
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso_at(time.time())
 
 
-def iso_from_epoch(epoch: float) -> str:
-    return iso_at(epoch)
+iso_from_epoch = iso_at  # the records' stamp, one format for all (core/records.py)
 
 
 def epoch_from_iso(stamp: str) -> float:
