@@ -149,13 +149,16 @@ def _started(d: Draft, cmd: Started) -> None:
     live = d.live(cmd.job_id)
     if live is None or live.attempt.n != cmd.n:
         return
-    attempt = dataclasses.replace(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
     job_started_at = None
-    if live.after is not None:  # claimed ahead: it starts now, not when it was claimed
+    if live.after is None:
+        attempt = dataclasses.replace(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
+    else:  # claimed ahead: it starts now, not when it was claimed
         # The keeper's stamp of the start, where it gave one: this step may come after
         # the step that ends the job in front, which stamps that end with its exit.
         at = iso_at(cmd.pid_start) if cmd.pid_start is not None else d.now.iso
-        attempt = dataclasses.replace(attempt, started_at=at)
+        attempt = dataclasses.replace(
+            live.attempt, pid=cmd.pid, pid_start=cmd.pid_start, started_at=at
+        )
         job = d.job(cmd.job_id)
         if job is not None and job.started_at == live.attempt.started_at:
             job_started_at = at

@@ -20,6 +20,7 @@ While a commit fails, `problem` says why (health, metrics, the dispatch pause re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import sqlite3
@@ -57,6 +58,12 @@ _OS_REASONS = {
     errno.EMFILE: "too many open files",
     errno.ENFILE: "too many open files",
 }
+
+
+def _task_id() -> int:
+    """The current task's identity, as anyio's TaskInfo.id has it (the daemon runs on
+    asyncio): read at every write, where building a TaskInfo cost more than the check."""
+    return id(asyncio.current_task())
 
 
 class StorageError(Exception):
@@ -115,7 +122,7 @@ class Writer:
         """The current task's next write fails fast with StorageError instead of waiting
         for the disk: a client hears at once that its request was not recorded. Only the
         first: once a request has changed something, its further writes must land too."""
-        task = anyio.get_current_task().id
+        task = _task_id()
         self._answering.add(task)
         try:
             yield
@@ -124,11 +131,11 @@ class Writer:
 
     def is_answering(self) -> bool:
         """Whether the current task's next write would fail fast."""
-        return anyio.get_current_task().id in self._answering
+        return _task_id() in self._answering
 
     async def write(self, op: Op[T]) -> T:
         """Run op inside the next group transaction; return once it is committed."""
-        task = anyio.get_current_task().id
+        task = _task_id()
         fail_fast = task in self._answering or not self._writer_running
         self._answering.discard(task)
         w = _Write(op, patient=not fail_fast)
