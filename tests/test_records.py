@@ -3,7 +3,10 @@ ones (the job id, the memory key and scale, the pid's start time) left out."""
 
 from __future__ import annotations
 
-from supervisor.core.records import Attempt
+import random
+from datetime import UTC, datetime
+
+from supervisor.core.records import Attempt, iso_at
 
 
 def test_an_ended_attempt_shows_every_field_under_its_name() -> None:
@@ -63,3 +66,22 @@ def test_an_attempt_that_exited_shows_its_code() -> None:
     attempt = Attempt(1, 1, (0,), "s", "k", ended_at="e", exit_code=3, reason="exit_nonzero")
     shown = attempt.to_json()
     assert (shown["exit_code"], shown["signal"], shown["reason"]) == (3, None, "exit_nonzero")
+
+
+def _datetime_stamp(wall: float) -> str:
+    return (
+        datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def test_a_stamp_is_the_one_datetime_gives_in_any_order_and_at_every_rounding_edge() -> None:
+    # iso_at formats each second once: stamps out of order, and those a rounding carries
+    # into the next second, must still be datetime's, to the character.
+    rng = random.Random(7)
+    walls = [rng.uniform(0, 4e9) for _ in range(3000)]
+    for base in (0.0, 1.0, 1_764_633_600.0, 2_000_000_000.0):
+        for frac in (0.0, 0.0004995, 0.0005, 0.000999, 0.9994999, 0.9995, 0.9999994, 0.9999996):
+            walls += [base + frac, base - 1 + frac if base else frac]
+    rng.shuffle(walls)
+    assert [iso_at(w) for w in walls] == [_datetime_stamp(w) for w in walls]
+    assert iso_at(1_764_633_600.9999996) == "2025-12-02T00:00:01.000Z"

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
+
+_second = (0, "1970-01-01T00:00:00")  # the last second stamped, formatted
 
 
 def iso_at(wall: float) -> str:
-    """Epoch seconds as the records' stamp: UTC, milliseconds, `Z`."""
-    stamp = datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
+    """Epoch seconds as the records' stamp: UTC, milliseconds, `Z`; the same string as
+    `datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")` gives (which
+    rounds to the microsecond, half to even, then cuts). A job's life stamps several
+    rows within one second: that second is formatted once."""
+    global _second
+    sec = math.floor(wall)
+    us = round((wall - sec) * 1e6)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
+    if sec != _second[0]:
+        _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{_second[1]}.{us // 1000:03d}Z"
 
 
 @dataclass(frozen=True)
