@@ -57,7 +57,8 @@ def _run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         d.env["PYTHONPATH"] = str(tree)
         d.cwd = root
         d.start()
-        measure_throughput(d, args.warmup, gpus=args.gpus)
+        if args.warmup:  # none: a fresh daemon's first jobs are measured too
+            measure_throughput(d, args.warmup, gpus=args.gpus)
         if args.latency:
             return measure_latency(d, args.latency)
         return measure_throughput(d, args.jobs, gpus=args.gpus)

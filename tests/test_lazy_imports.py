@@ -1,5 +1,6 @@
 """The daemon's optional libraries wait for their first use: an idle daemon on simulated
-cards, never scraped, whose jobs have no --progress-regex, carries none of them (each
+cards, never scraped, whose jobs have no --progress-regex, carries none of them, even
+once it has started jobs (each
 costs it one to several MiB of resident memory)."""
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from supervisor.gpus import open_backend
 from supervisor.gpus.nvml_events import xid_event_sources
 backend, _ = open_backend("2x24G", Path(tempfile.mkdtemp()), env={})
 assert xid_event_sources(backend) == []
-Metrics()
+import dataclasses
+from supervisor.core.jobs import Job, JobSpec, JobState
+spec = JobSpec(argv=("true",), cwd="/", env={}, owner_uid=0, owner_gid=0)
+queued = Job(id=1, spec=spec, submitted_at="2026-01-01T00:00:00.000Z")
+started = dataclasses.replace(queued, state=JobState.RUNNING, attempts=1)
+m = Metrics()
+m.observe_job(queued, started)  # a first start is timed without prometheus_client
+assert sum(m.latency.state[0]) == 1
 ProgressTracker(None, 0.0).on_output("step 1\\n", 1.0)
 """
     assert not loaded_after(code) & LAZY

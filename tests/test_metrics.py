@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.daemon.metrics import (
+    LATENCY_BUCKETS,
     MIB,
     CardSample,
     HostSample,
@@ -149,6 +150,36 @@ def test_dispatch_latency_counts_first_starts_only() -> None:
     assert value(text, "gpusv_dispatch_latency_seconds_count") == 1
     assert value(text, "gpusv_dispatch_latency_seconds_bucket", le="+Inf") == 1
     assert value(text, "gpusv_dispatch_latency_seconds_bucket", le="86400.0") == 0  # years ago
+
+
+def test_dispatch_latency_is_the_histogram_prometheus_client_would_give() -> None:
+    # The loop keeps plain counts (no prometheus_client before a render); the series must
+    # be those of prometheus_client's own Histogram: bounds, edges (a value equal to a
+    # bound is in that bucket), +Inf, count and sum.
+    m = Metrics()
+    theirs = CollectorRegistry()
+    reference = Histogram(
+        "gpusv_dispatch_latency_seconds",
+        "Seconds from a job's submit to the start of its first attempt.",
+        buckets=LATENCY_BUCKETS,
+        registry=theirs,
+    )
+    seconds = [0.0, 0.01, 0.05, 0.050001, 1, 2.5, 7, 86400, 86401, 1e9, 0.3]
+    for s in seconds:
+        m.latency.observe(s)
+        reference.observe(s)
+
+    def series(text: str) -> list[str]:
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith("gpusv_dispatch_latency_seconds") and "_created" not in line
+        ]
+
+    ours = series(generate_latest(m.registry).decode())
+    assert ours == series(generate_latest(theirs).decode())
+    assert value("\n".join(ours), "gpusv_dispatch_latency_seconds_bucket", le="0.05") == 3
+    assert value("\n".join(ours), "gpusv_dispatch_latency_seconds_count") == len(seconds)
 
 
 def test_split_listen() -> None:

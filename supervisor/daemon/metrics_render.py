@@ -12,14 +12,19 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
-    Histogram,
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from supervisor.core.jobs import FailureReason, JobState
 from supervisor.daemon.metrics import (
@@ -29,6 +34,7 @@ from supervisor.daemon.metrics import (
     MIB,
     CardSample,
     HostSample,
+    Latency,
     Snapshot,
 )
 from supervisor.gpus.base import dcgm_bus_id
@@ -190,24 +196,42 @@ class SnapshotCollector(Collector):
         return families(self.snapshot, time.monotonic())
 
 
+class LatencyCollector(Collector):
+    """The dispatch latency histogram, from the counts the loop keeps (metrics.Latency):
+    the series prometheus_client's own Histogram would give for the same observations."""
+
+    def __init__(self, latency: Latency) -> None:
+        self.latency = latency
+
+    def collect(self) -> list[Metric]:
+        counts, total = self.latency.state
+        bounds = [*map(floatToGoString, LATENCY_BUCKETS), "+Inf"]
+        cumulative, running = [], 0
+        for bound, n in zip(bounds, counts, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        family = HistogramMetricFamily(
+            "gpusv_dispatch_latency_seconds",
+            "Seconds from a job's submit to the start of its first attempt.",
+            buckets=cumulative,
+            sum_value=total,
+        )
+        return [family]
+
+
 class Registries:
     """Two registries over the same collectors. `gpusv metrics` renders `text`: the
     gpusv_* series only, since node_exporter, which reads it as a textfile, exports
     process_* series of its own and refuses duplicates. HTTP scrapes get `registry`:
     the same plus the daemon's own process_* series (CPU, memory, open files)."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: Latency) -> None:
         # `_created` series say when a counter started; the process start time says it
         # once, and textfile collectors would only carry the noise.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.text = CollectorRegistry()
         self.collector = SnapshotCollector()
-        self.latency = Histogram(
-            "gpusv_dispatch_latency_seconds",
-            "Seconds from a job's submit to the start of its first attempt.",
-            buckets=LATENCY_BUCKETS,
-            registry=None,
-        )
+        self.latency = LatencyCollector(latency)
         self.registry = CollectorRegistry()
         for registry in (self.text, self.registry):
             registry.register(self.collector)
