@@ -329,6 +329,7 @@ class Api:
         job, attempts, events = await self.engine.read(read)  # of one moment
         if job.state is JobState.RUNNING and attempts and attempts[-1].pid is None:
             await self._started(job_id)
+            await self.store.settle()  # its pid, where it still waits to ride along
             job, attempts, events = await self.engine.read(read)
         obj = views.job_json(
             job,
