@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from supervisor.core import admission
-from supervisor.core.commands import ProcessStarted, Spawning, Started
+from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
 from supervisor.daemon.store import Store
 
 from .test_jobqueue import Machine, spec
@@ -111,13 +111,15 @@ async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
 
     def cards_now() -> list[admission.Card]:
         calls.append(1)
-        if len(calls) == 3:  # read after the first claim: `gpusv pause` came meanwhile
+        if len(calls) == 3:  # read after the first round's claims: `gpusv pause` came meanwhile
             m.sched.paused = True
         return real()
 
     m.sched.cards_now = cards_now  # type: ignore[method-assign]
     await m.dispatch()
-    assert [(r.after[0], j) for j, r in m.table.live.items() if r.after is not None] == [(1, 3)]
+    # The first round claimed one job behind each card, in one commit; none after it.
+    ahead = [(r.after[0], j) for j, r in m.table.live.items() if r.after is not None]
+    assert ahead == [(1, 3), (2, 4)]
 
 
 async def two_cards_running(store: Store) -> Machine:
@@ -196,3 +198,56 @@ async def test_a_start_told_while_a_pass_claims_lets_it_go_on_claiming(store: St
     await m.dispatch()
     assert sum(1 for r in m.table.live.values() if r.after is not None) == 4
     assert m.sched.wake.is_set()  # a pass follows, to follow what started
+
+
+async def test_a_round_claims_behind_every_line_in_one_dispatch(store: Store) -> None:
+    """One job behind each card's line, planned in turn and committed together: one engine
+    turn for the round, not one for each claim."""
+    m = await two_cards_running(store)
+    real, dispatched = m.engine.do, []
+
+    async def do(cmd: object) -> object:
+        if isinstance(cmd, Dispatch):
+            dispatched.append(sorted((s.job_id, s.after) for s in cmd.starts))
+        return await real(cmd)  # type: ignore[arg-type]
+
+    m.engine.do = do  # type: ignore[assignment,method-assign]
+    await m.dispatch()
+    assert dispatched == [[(3, (1, 1)), (4, (2, 1))], [(5, (3, 1)), (6, (4, 1))]]
+
+
+async def test_a_claim_of_a_round_counts_the_memory_of_those_claimed_before_it(
+    store: Store,
+) -> None:
+    """Two lines, two queued jobs that fit beside the running ones one at a time, not both
+    (89 GB of RAM): the round claims the first behind one line, and the second, planned
+    with the first's memory taken, stays queued rather than joining the other line."""
+    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
+    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
+    m.sched.short[KEY] = 0.01
+    await m.submit(spec(mem_mb=1_000), spec(mem_mb=1_000), spec(mem_mb=45_000), spec(mem_mb=45_000))
+    await m.dispatch()
+    for job in (1, 2):
+        await m.engine.do(Spawning(job, 1))
+        await m.engine.do(Started(job, 1, 4240 + job, time.time()))
+    await m.dispatch()
+    ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
+    assert ahead == {3: (1, 1)}
+    assert 4 in m.waiting()
+
+
+async def test_a_claim_of_a_round_counts_the_array_jobs_claimed_before_it(store: Store) -> None:
+    """An array capped at three runs two on two cards: the round claims one more behind
+    one line, and none behind the other, which would make four of it."""
+    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
+    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
+    m.sched.short[KEY] = 0.01
+    await m.submit(*[spec(array_index=i, max_running=3) for i in range(4)])
+    await m.dispatch()
+    for job in (1, 2):
+        await m.engine.do(Spawning(job, 1))
+        await m.engine.do(Started(job, 1, 4240 + job, time.time()))
+    await m.dispatch()
+    ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
+    assert ahead == {3: (1, 1)}
+    assert 4 in m.waiting()

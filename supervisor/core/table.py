@@ -5,15 +5,19 @@ returned once the writes are committed; everyone else reads it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from supervisor.core.jobqueue import JobQueue
+from supervisor.core.jobqueue import DEVICE_HOLD, JobQueue, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
+
+if TYPE_CHECKING:
+    from supervisor.core.admission import Hold
 
 
 class Phase(StrEnum):
@@ -159,3 +163,35 @@ class Table:
     def held_counts(self) -> dict[str, int]:
         """Queued jobs by hold reason."""
         return self.queue.held_counts()
+
+    def settle_holds(self, holds: Iterable[Hold], full: set[str]) -> None:
+        """Settle jobs held for their kind of device while none of it was free: in a pass
+        that began so, or (needing one unit) in one that used the last unit up; and jobs
+        held by their array's cap."""
+        settle, capped = [], []
+        for hold in holds:
+            job = self.jobs.get(hold.job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            kind = kind_of(job)
+            if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
+                settle.append(job)
+            elif hold.reason == "array":
+                capped.append(job)
+        self.queue.settle(settle, self.held_since)
+        self.queue.settle_array(capped)
+
+    def array_room(self, claimed: Iterable[int] = ()) -> dict[str, int]:
+        """For each array with settled jobs: how many more of it may run now, counting
+        the `claimed` jobs as running too (claims not committed yet)."""
+        running: Counter[int] = Counter()
+        for job_id in (*self.live, *claimed):
+            job = self.jobs.get(job_id)
+            if job is not None and job.spec.array_id is not None:
+                running[job.spec.array_id] += 1
+        room = {}
+        for kind, keys in self.queue.settled.items():
+            job = self.jobs.get(keys[0][1]) if kind.startswith("array:") and keys else None
+            if job is not None and job.spec.array_id is not None:
+                room[kind] = max(0, (job.spec.max_running or 0) - running[job.spec.array_id])
+        return room

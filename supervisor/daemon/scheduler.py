@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
 import anyio
@@ -17,8 +17,9 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted, Stop
-from supervisor.core.jobqueue import DEVICE_HOLD, Key, array_kind, kind_of, used_before
+from supervisor.core.jobqueue import Key, array_kind, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
+from supervisor.core.projection import Projection
 from supervisor.core.table import Live, line_of, waiting_ahead
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
@@ -63,6 +64,7 @@ class Dispatcher:
         self.drop_ahead = drop_ahead  # asks the keepers to drop these jobs' parked spawns
         self.wake = anyio.Event()
         self.stale = False  # the table changed since this pass planned (see _may_claim)
+        self._claimed: dict[int, admission.RunningJob] = {}  # this round's claims ahead
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         total = read_meminfo().total_mb
@@ -112,6 +114,8 @@ class Dispatcher:
             job = self.table.jobs[job_id]
             if job.not_before > now_wall or job_id in self.table.pending or job.held:
                 continue
+            if job_id in self._claimed:
+                continue
             yield admission.Candidate(
                 job_id=job_id,
                 gpus=job.spec.gpus,
@@ -137,7 +141,7 @@ class Dispatcher:
             )
             for job_id, r in self.table.live.items()
             for spec in [self._spec(job_id)]
-        ]
+        ] + list(self._claimed.values())
 
     def _spec(self, job_id: int) -> JobSpec | None:
         job = self.table.jobs.get(job_id)
@@ -181,7 +185,7 @@ class Dispatcher:
         free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
         free["cpu"] = self.cpu_slots_free()
         full = {kind for kind, n in free.items() if n <= 0}
-        free.update(self._array_room())
+        free.update(self.table.array_room(self._claimed))
         settled = self.table.queue.settled
         if not self.table.queue.live and all(n <= 0 for k, n in free.items() if settled.get(k)):
             # Every queued job is settled (held for a kind of device none of which is
@@ -198,7 +202,7 @@ class Dispatcher:
             await self.engine.do(
                 Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
             )
-        self._settle(plan.holds, full)  # the array caps' holds (device holds: the engine's)
+        self.table.settle_holds(plan.holds, full)  # array caps' (device holds: the engine's)
         if not plan.starts and not self.stale:  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)
@@ -209,22 +213,41 @@ class Dispatcher:
         """Claim the next job of each card or CPU slot while its job still runs; its keeper
         starts it the moment that job exits, with no round trip through here. Admission
         decides as if the running job had left its place, but still counts its memory
-        and VRAM: only a job that fits beside it is claimed ahead. One claim at a time,
-        each planned on the table as the claims before it left it, until none is left to
-        make."""
+        and VRAM: only a job that fits beside it is claimed ahead. A round claims one job
+        behind each line that may take one, each planned as the claims before it in the
+        round leave the table (their jobs taken, their memory and arrays counted), in one
+        Dispatch: one engine turn a round, not one a claim. Rounds follow, each on the
+        table as the last left it, until none is left to make."""
         while self.short and self.table.queue and self._may_claim():
-            for job_id, live in self._followable(now_wall):
-                start = self._ahead_of(job_id, live, cards, now, now_wall)
-                if start is None:
-                    continue
-                spec = self.table.jobs[start.job_id].spec
-                projections = {start.job_id: self.book.projection(spec)}
-                uuids = {start.job_id: self.uuids_of(start.gpus)}
-                await self.engine.do(Dispatch((start,), (), projections, uuids, frozenset()))
-                cards = self.cards_now()
-                break
-            else:
+            starts, projections = [], {}
+            try:
+                for job_id, live in self._followable(now_wall):
+                    start = self._ahead_of(job_id, live, cards, now, now_wall)
+                    if start is not None:
+                        starts.append(start)
+                        projections[start.job_id] = self._claim(start)
+            finally:
+                self._claimed.clear()
+            if not starts:
                 return
+            uuids = {s.job_id: self.uuids_of(s.gpus) for s in starts}
+            await self.engine.do(Dispatch(tuple(starts), (), projections, uuids, frozenset()))
+            cards = self.cards_now()
+
+    def _claim(self, start: admission.Start) -> Projection | None:
+        """A claim of the round: the claims planned after it see its job taken and its
+        memory, VRAM and array used."""
+        spec = self.table.jobs[start.job_id].spec
+        projection = self.book.projection(spec)
+        self._claimed[start.job_id] = admission.RunningJob(
+            start.job_id,
+            projection.projected_mb if projection else None,
+            0,
+            start.gpus,
+            start.vram_reserved_mb,
+            array=spec.array_id,
+        )
+        return projection
 
     def _may_claim(self) -> bool:
         """Read before each claim: while the last was committed, a drain, a pause, a
@@ -291,7 +314,7 @@ class Dispatcher:
             free = {"gpu": 1, "cpu": 0}
         else:
             shown, free = cards, {"gpu": 0, "cpu": 1}
-        free.update(self._array_room())
+        free.update(self.table.array_room(self._claimed))
         # Only its start is wanted, not the others' holds: the first of the settled jobs
         # is read alone, and more only where it does not fit.
         for start in self._plan(shown, free, now, now_wall, w=0).starts:
@@ -299,37 +322,6 @@ class Dispatcher:
             if start.gpus == live.cards and not job.spec.share:
                 return dataclasses.replace(start, after=(job_id, live.attempt.n))
         return None
-
-    def _settle(self, holds: Iterable[admission.Hold], full: set[str]) -> None:
-        """Settle jobs held for their kind of device while none of it was free: in a pass
-        that began so, or (needing one unit) in one that used the last unit up."""
-        settle, capped = [], []
-        for hold in holds:
-            job = self.table.jobs.get(hold.job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                continue
-            kind = kind_of(job)
-            if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
-                settle.append(job)
-            elif hold.reason == "array":
-                capped.append(job)
-        self.table.queue.settle(settle, self.table.held_since)
-        self.table.queue.settle_array(capped)
-
-    def _array_room(self) -> dict[str, int]:
-        """For each array with settled jobs: how many more of it may run now."""
-        running: Counter[int] = Counter()
-        for job_id in self.table.live:
-            spec = self._spec(job_id)
-            if spec is not None and spec.array_id is not None:
-                running[spec.array_id] += 1
-        room = {}
-        for kind, keys in self.table.queue.settled.items():
-            spec = self._spec(keys[0][1]) if kind.startswith("array:") and keys else None
-            if spec is not None and spec.array_id is not None:
-                cap = spec.max_running or 0
-                room[kind] = max(0, cap - running[spec.array_id])
-        return room
 
     def _plan(
         self,
