@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
+from supervisor.core.jobs import JobSpec
 from supervisor.daemon.store import Store
 
 from .test_jobqueue import Machine, spec
@@ -122,19 +123,26 @@ async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
     assert ahead == [(1, 3), (2, 4)]
 
 
-async def two_cards_running(store: Store) -> Machine:
-    """Two cards, each running a job of a short kind, lines of two; six more queued."""
+async def running_two(store: Store, *specs: JobSpec) -> Machine:
+    """Two cards; `specs` submitted, the first two started, one on each card, as jobs of
+    a short kind that may be followed; the rest queued."""
     m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
-    m.sched.cfg = dataclasses.replace(
-        m.sched.cfg, jobs=dataclasses.replace(m.sched.cfg.jobs, start_ahead_depth=2)
-    )
     m.sched.can_follow = m.sched.can_chain = lambda _cards: True
     m.sched.short[KEY] = 0.01
-    await m.submit(*[spec()] * 8)
+    await m.submit(*specs)
     await m.dispatch()
     for job in (1, 2):
         await m.engine.do(Spawning(job, 1))
         await m.engine.do(Started(job, 1, 4240 + job, time.time()))
+    return m
+
+
+async def two_cards_running(store: Store) -> Machine:
+    """Two cards, each running a job of a short kind, lines of two; six more queued."""
+    m = await running_two(store, *[spec()] * 8)
+    m.sched.cfg = dataclasses.replace(
+        m.sched.cfg, jobs=dataclasses.replace(m.sched.cfg.jobs, start_ahead_depth=2)
+    )
     m.sched.wake = anyio.Event()
     return m
 
@@ -222,14 +230,7 @@ async def test_a_claim_of_a_round_counts_the_memory_of_those_claimed_before_it(
     """Two lines, two queued jobs that fit beside the running ones one at a time, not both
     (89 GB of RAM): the round claims the first behind one line, and the second, planned
     with the first's memory taken, stays queued rather than joining the other line."""
-    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
-    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
-    m.sched.short[KEY] = 0.01
-    await m.submit(spec(mem_mb=1_000), spec(mem_mb=1_000), spec(mem_mb=45_000), spec(mem_mb=45_000))
-    await m.dispatch()
-    for job in (1, 2):
-        await m.engine.do(Spawning(job, 1))
-        await m.engine.do(Started(job, 1, 4240 + job, time.time()))
+    m = await running_two(store, *[spec(mem_mb=1_000)] * 2, *[spec(mem_mb=45_000)] * 2)
     await m.dispatch()
     ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
     assert ahead == {3: (1, 1)}
@@ -239,14 +240,7 @@ async def test_a_claim_of_a_round_counts_the_memory_of_those_claimed_before_it(
 async def test_a_claim_of_a_round_counts_the_array_jobs_claimed_before_it(store: Store) -> None:
     """An array capped at three runs two on two cards: the round claims one more behind
     one line, and none behind the other, which would make four of it."""
-    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
-    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
-    m.sched.short[KEY] = 0.01
-    await m.submit(*[spec(array_index=i, max_running=3) for i in range(4)])
-    await m.dispatch()
-    for job in (1, 2):
-        await m.engine.do(Spawning(job, 1))
-        await m.engine.do(Started(job, 1, 4240 + job, time.time()))
+    m = await running_two(store, *[spec(array_index=i, max_running=3) for i in range(4)])
     await m.dispatch()
     ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
     assert ahead == {3: (1, 1)}

@@ -4,6 +4,7 @@ real SQLite file."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -112,6 +113,15 @@ def _insert(key: str) -> Callable[[sqlite3.Connection], None]:
     return op
 
 
+@contextlib.asynccontextmanager
+async def writing(w: Writer) -> AsyncIterator[None]:
+    """The writer task runs for the block."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(w.run_writer)
+        yield
+        tg.cancel_scope.cancel()
+
+
 async def test_a_write_that_may_wait_rides_along_with_the_next_commit(
     writer: tuple[Writer, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,14 +134,12 @@ async def test_a_write_that_may_wait_rides_along_with_the_next_commit(
         seen.append((committed(path), inside))
         db.execute("INSERT INTO t VALUES ('b')")
 
-    async with anyio.create_task_group() as tg:
-        await tg.start(w.run_writer)
+    async with writing(w):
         w.write_later(_insert("a"))  # a pid: its keeper's journal holds it already
         for _ in range(5):  # the writer task runs, and holds it
             await anyio.sleep(0)
         assert committed(path) == []
         await w.write(awaited)
-        tg.cancel_scope.cancel()
     # The queued write ran first, in the awaited write's own transaction: no commit of
     # its own, and its order kept.
     assert seen == [([], ["a"])]
@@ -142,24 +150,20 @@ async def test_a_write_that_may_wait_alone_commits_by_itself_soon(
     writer: tuple[Writer, Path],
 ) -> None:
     w, path = writer
-    async with anyio.create_task_group() as tg:
-        await tg.start(w.run_writer)
+    async with writing(w):
         w.write_later(_insert("a"))
         with anyio.fail_after(10):  # LATER_S (50 ms) on a quiet machine
             while committed(path) != ["a"]:
                 await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
 
 
 async def test_settle_commits_what_waits_to_ride_along_at_once(
     writer: tuple[Writer, Path],
 ) -> None:
     w, path = writer
-    async with anyio.create_task_group() as tg:
-        await tg.start(w.run_writer)
+    async with writing(w):
         w.write_later(_insert("a"))
         w.write_later(_insert("b"))
         await w.settle()
         assert committed(path) == ["a", "b"]  # not left to the writer's deadline
         await w.settle()  # nothing waits: no commit
-        tg.cancel_scope.cancel()
