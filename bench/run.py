@@ -25,7 +25,7 @@ import psutil
 from supervisor.daemon import logs
 from supervisor.daemon.memory import measure_sampler_cost
 
-from . import report
+from . import keeper, report
 from .client import measure_client
 from .dispatch import dispatch_cost
 from .harness import BenchDaemon
@@ -90,6 +90,14 @@ def _cpu_slots(root: Path, s: Sizes, r: dict[str, Any]) -> None:
         r.setdefault("keeper_rss_mb", {}).update(d.keeper_rss_mb())
 
 
+def _keepers(root: Path, s: Sizes, r: dict[str, Any]) -> None:
+    """The execution layer with no daemon in front of it, at the same concurrency: the
+    ceiling of what gpusv's jobs/s can be on this machine (bench.keeper says how)."""
+    alone = keeper.measure(root / "keepers", s.throughput_jobs, CPU_SLOTS, with_tsp=False)
+    kept = ("spawn_latency_ms", "one_keeper", "keeper_per_slot")
+    r["keepers_alone"] = {k: alone[k] for k in kept}
+
+
 def _handover(root: Path, s: Sizes, r: dict[str, Any]) -> None:
     """Short jobs (20 ms), with and without starting ahead, one after the other."""
     out: dict[str, Any] = {}
@@ -111,6 +119,7 @@ def _sampler(_root: Path, _s: Sizes, r: dict[str, Any]) -> None:
 SECTIONS: dict[str, Callable[[Path, Sizes, dict[str, Any]], None]] = {
     "fresh": _fresh,
     "cpu": _cpu_slots,
+    "keepers": _keepers,
     "handover": _handover,
     "tsp": lambda root, s, r: r.update(tsp=measure_tsp(root / "tsp", s.throughput_jobs)),
     "sampler": _sampler,

@@ -19,12 +19,15 @@ def test_the_bench_runs_end_to_end_at_tiny_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "result.json"
-    sections = "fresh,handover,dispatch,queue,history"
+    sections = "fresh,keepers,handover,dispatch,queue,history"
     assert main(["--tiny", "--only", sections, "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     assert results["client"]["gpusv_submit"]["n"] == 3
     assert results["throughput_gpu"]["jobs"] == 20
     assert [h["jobs"] for h in results["handover"].values()] == [6, 6]  # off, then on
+    alone = results["keepers_alone"]
+    assert (alone["one_keeper"]["keepers"], alone["keeper_per_slot"]["keepers"]) == (1, 2)
+    assert alone["one_keeper"]["jobs"] == alone["keeper_per_slot"]["jobs"] == 20
     assert results["hang"]["line_to_gpu_hang_ms"]["n"] == 1
     assert [d["queued"] for d in results["dispatch"]] == [10, 100]
     assert results["queue"]["cli_batch"]["jobs"] == 200
@@ -37,6 +40,7 @@ def test_the_bench_runs_end_to_end_at_tiny_sizes(
     printed = capsys.readouterr().out
     assert "gpusv submit" in printed and "restart -> READY" in printed
     assert "starting ahead on" in printed
+    assert "keepers alone: 20 x true, 2 slots, one keeper" in printed
 
 
 def test_a_target_not_measured_is_skipped_not_failed() -> None:
@@ -95,6 +99,18 @@ def test_the_keepers_targets_compare_against_task_spooler_and_their_thresholds()
     }
     rss = got["keepers: gpusvd RSS fresh and idle <= 40 MiB"]
     assert rss.detail == "41.0 MiB (keepers: cpu 14.0 MiB)"
+    # The ceiling named beside each ratio: the same jobs through keepers with no daemon.
+    results["keepers_alone"] = {
+        "one_keeper": {"jobs_per_s": 630.0},
+        "keeper_per_slot": {"jobs_per_s": 720.0},
+    }
+    details = {t.name: t.detail for t in report.targets(results)}
+    assert details["keepers: jobs/s on CPU slots >= 1.5x Task Spooler's (same run)"] == (
+        "700.0 vs 450.0 jobs/s (ratio 1.56); the keepers alone, no daemon: 630.0 jobs/s (1.40)"
+    )
+    assert details["keepers: jobs/s on 2 cards >= 1.5x Task Spooler's (same run)"].endswith(
+        "the keepers alone, no daemon: 720.0 jobs/s (1.60)"
+    )
     no_tsp = report.targets({"throughput_cpu": {"jobs_per_s": 700.0}})
     assert [t.detail for t in no_tsp if "CPU slots >= 1.5x" in t.name] == ["tsp not run"]
 
