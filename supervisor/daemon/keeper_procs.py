@@ -37,10 +37,7 @@ def abandon(state_dir: Path) -> None:
         if base is None or not base.exists():
             continue
         for keeper_root in (p for p in base.glob("keeper-*") if p.is_dir()):
-            for group in (p for p in keeper_root.glob("job-*") if p.is_dir()):
-                cgroup.empty_out(group)
-                group.rmdir()
-            keeper_root.rmdir()
+            cgroup.remove_root(keeper_root)
         base.rmdir()
 
 

@@ -147,6 +147,17 @@ def empty_out(path: str | Path, timeout_s: float = 5.0) -> bool:
     return True
 
 
+def remove_root(root: str | Path) -> None:
+    """Empty out and remove a keeper's root and every group under it: each job's, and a
+    probe group left by a keeper killed while it probed. For whoever throws a keeper's
+    roots away (the benchmark, tests); a keeper never removes its own."""
+    for entry in os.scandir(root):
+        if entry.is_dir():
+            empty_out(entry.path)
+            os.rmdir(entry.path)
+    os.rmdir(root)
+
+
 def memory(groups: Groups) -> tuple[int | None, int | None]:
     """(peak bytes, OOM kills) of the job: the kernel's own counts for its cgroup."""
     peak = oom = None

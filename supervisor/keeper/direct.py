@@ -35,6 +35,7 @@ from .spawn import Spec, why
 # Python ignores SIGPIPE and SIGXFSZ, and ignored signals stay ignored across exec; the
 # keeper's own handlers (SIGCHLD, SIGTERM) are reset by exec anyway.
 _DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM)
+PROBE_PREFIX = "probe-"  # the cgroup a keeper tries, at its start, to join and leave
 _NO_JOIN = "cannot start the job: cannot join its cgroup: {}"
 
 
@@ -73,7 +74,7 @@ class Home:
         try:
             for own in mine:
                 opened.append(os.open(f"{own}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
-            probe = f"probe-{os.getpid()}"
+            probe = f"{PROBE_PREFIX}{os.getpid()}"
             groups = cgroup.Groups(*(None if r is None else f"{r}/{probe}" for r in roots))
             for path in (groups.v2, groups.memcg):
                 if path is not None:

@@ -4,7 +4,8 @@ A record with no end belongs to a keeper that died while the job ran: the new ke
 not the job's parent and cannot learn its status, so it kills the job and records it
 lost. A record with pid 0 is a posix_spawn start whose pid was never written: its
 cgroup holds whatever of it started. A job cgroup with no record was left by a start
-that was never recorded: emptied and removed.
+that was never recorded, and a probe group by a keeper killed while it probed: emptied
+and removed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import signal
 import time
 
-from . import cgroup, spawn
+from . import cgroup, direct, spawn
 from .jobs import Jobs
 
 
@@ -44,6 +45,9 @@ def _sweep_strays(jobs: Jobs) -> None:
             continue
         for entry in os.scandir(root):
             job = entry.name.startswith("job-") and "-" in entry.name[4:]
-            if job and entry.is_dir() and entry.name not in known:
+            # A probe group is this keeper's own only once it probes, after this sweep:
+            # any found now was left by a keeper killed while it probed.
+            probe = entry.name.startswith(direct.PROBE_PREFIX)
+            if (job or probe) and entry.is_dir() and entry.name not in known:
                 cgroup.empty_out(entry.path)
                 cgroup.remove(cgroup.Groups(entry.path))

@@ -95,10 +95,7 @@ class Keeper:
         self.kill()
         for root in (self.v2, self.memcg):
             if root is not None and root.exists():
-                for group in root.glob("job-*"):
-                    cgroup.empty_out(group)
-                    group.rmdir()
-                root.rmdir()
+                cgroup.remove_root(root)
 
 
 @contextlib.contextmanager

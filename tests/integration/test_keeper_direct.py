@@ -136,3 +136,25 @@ def test_a_cgroup_that_cannot_be_joined_fails_the_start_before_anything_runs() -
     with pytest.raises(direct.Failed, match="cannot join its cgroup"):
         home.start(spec, cgroup.Groups("/nonexistent/job-1-1"), 1, 2, 0)
     os.close(home.cwd)
+
+
+def test_a_probe_group_left_by_a_keeper_killed_while_it_probed_is_removed() -> None:
+    """A keeper tries a cgroup under each root at its start; one killed in that moment
+    leaves the group behind. The next keeper of the home removes it (and probes its own),
+    and whoever throws the roots away removes one too."""
+    with keeper() as k:
+        roots = [root for root in (k.v2, k.memcg) if root is not None]
+        assert roots, "the unified hierarchy is here"
+        k.kill()
+        for root in roots:
+            (root / "probe-999999").mkdir()
+        k.start()
+        assert [r for r in roots if (r / "probe-999999").exists()] == []
+        k.connect()  # answered once serving: its own probe is over
+        assert [p.name for r in roots for p in r.iterdir() if p.is_dir()] == []
+        k.kill()
+        for root in roots:
+            (root / "probe-999998").mkdir()
+            (root / "job-7-1").mkdir()
+            cgroup.remove_root(root)
+            assert not root.exists()
