@@ -37,7 +37,7 @@ def abandon(state_dir: Path) -> None:
         if base is None or not base.exists():
             continue
         for keeper_root in (p for p in base.glob("keeper-*") if p.is_dir()):
-            cgroup.remove_root(keeper_root)
+            cgroup.remove_tree(keeper_root)
         base.rmdir()
 
 

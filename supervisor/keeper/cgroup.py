@@ -147,15 +147,16 @@ def empty_out(path: str | Path, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def remove_root(root: str | Path) -> None:
-    """Empty out and remove a keeper's root and every group under it: each job's, and a
-    probe group left by a keeper killed while it probed. For whoever throws a keeper's
+def remove_tree(path: str | Path) -> None:
+    """Empty out and remove a cgroup and every group under it, deepest first: a keeper's
+    root holds each job's group and a probe group left by a keeper killed while it
+    probed, and a job may have made groups of its own. For whoever throws a keeper's
     roots away (the benchmark, tests); a keeper never removes its own."""
-    for entry in os.scandir(root):
-        if entry.is_dir():
-            empty_out(entry.path)
-            os.rmdir(entry.path)
-    os.rmdir(root)
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            remove_tree(entry.path)
+    empty_out(path)
+    os.rmdir(path)
 
 
 def memory(groups: Groups) -> tuple[int | None, int | None]:

@@ -95,7 +95,7 @@ class Keeper:
         self.kill()
         for root in (self.v2, self.memcg):
             if root is not None and root.exists():
-                cgroup.remove_root(root)
+                cgroup.remove_tree(root)
 
 
 @contextlib.contextmanager

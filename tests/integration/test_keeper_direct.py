@@ -156,5 +156,5 @@ def test_a_probe_group_left_by_a_keeper_killed_while_it_probed_is_removed() -> N
         for root in roots:
             (root / "probe-999998").mkdir()
             (root / "job-7-1").mkdir()
-            cgroup.remove_root(root)
+            cgroup.remove_tree(root)
             assert not root.exists()

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.daemon.keeper_procs import abandon
+
 DOC = Path(__file__).parents[2] / "docs" / "tutorial.md"
 BLOCK = re.compile(r"<!-- test(?P<daemon>: daemon)? -->\n```sh\n(?P<body>.*?)```", re.S)
 
@@ -102,6 +104,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         )
     finally:
         stop(pidfile, tmp_path)
+        abandon(tmp_path / "gpusv-play" / "state")  # its keepers' cgroups go too
     daemon_log = log.read_text() if log.exists() else ""
     assert result.returncode == 0, f"{result.stderr}\n--- stdout ---\n{result.stdout}\n{daemon_log}"
     out = result.stdout
