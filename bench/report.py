@@ -54,9 +54,27 @@ def _vs_tsp(key: str, label: str) -> Callable[[Results], Target]:
         alone = _get(r, "keepers_alone", ALONE[key], "jobs_per_s")
         if alone is not None:  # the same jobs with no daemon in front: the ceiling
             detail += f"; the keepers alone, no daemon: {alone} jobs/s ({alone / theirs:.2f})"
+        detail += _cpu_room(r, key, 1.5 * theirs)
         return Target(name, ours >= 1.5 * theirs, detail)
 
     return target
+
+
+def _cpu_room(r: Results, key: str, rate: float) -> str:
+    """What the machine's cores leave the daemon at `rate` jobs/s: the whole machine's CPU
+    a job at that rate, less what the keepers, their driver and the jobs used alone. Even
+    with every core busy and no waiting anywhere, a daemon that needs more cannot reach it."""
+    cpus = _get(r, "machine", "cpus")
+    alone = _get(r, "keepers_alone", ALONE[key], "machine_cpu_ms_per_job")
+    daemon = _get(r, key, "daemon_cpu_ms_per_job")
+    if not cpus or alone is None or daemon is None:
+        return ""
+    budget = 1000 * cpus / rate
+    return (
+        f"; {cpus} cores at {rate:.0f} jobs/s leave the daemon at most {budget - alone:.2f} ms "
+        f"CPU a job ({budget:.2f} ms in all, less the keepers' and jobs' own {alone} ms), "
+        f"this run's daemon used {daemon} ms"
+    )
 
 
 # What each throughput run's jobs go through: one keeper for all CPU slots, one per card.

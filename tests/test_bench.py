@@ -111,6 +111,21 @@ def test_the_keepers_targets_compare_against_task_spooler_and_their_thresholds()
     assert details["keepers: jobs/s on 2 cards >= 1.5x Task Spooler's (same run)"].endswith(
         "the keepers alone, no daemon: 720.0 jobs/s (1.60)"
     )
+    # What two cores leave the daemon at 1.5x tsp's 450 jobs/s: 2,000 / 675 = 2.96 ms a
+    # job in all, less what the keepers and their jobs used alone.
+    results["machine"] = {"cpus": 2}
+    results["keepers_alone"] = {
+        "one_keeper": {"jobs_per_s": 630.0, "machine_cpu_ms_per_job": 1.9},
+        "keeper_per_slot": {"jobs_per_s": 720.0},
+    }
+    details = {t.name: t.detail for t in report.targets(results)}
+    assert details["keepers: jobs/s on CPU slots >= 1.5x Task Spooler's (same run)"] == (
+        "700.0 vs 450.0 jobs/s (ratio 1.56); the keepers alone, no daemon: 630.0 jobs/s (1.40)"
+        "; 2 cores at 675 jobs/s leave the daemon at most 1.06 ms CPU a job (2.96 ms in all,"
+        " less the keepers' and jobs' own 1.9 ms), this run's daemon used 1.2 ms"
+    )
+    cards = details["keepers: jobs/s on 2 cards >= 1.5x Task Spooler's (same run)"]
+    assert "leave the daemon" not in cards  # its keepers' machine CPU was not given
     no_tsp = report.targets({"throughput_cpu": {"jobs_per_s": 700.0}})
     assert [t.detail for t in no_tsp if "CPU slots >= 1.5x" in t.name] == ["tsp not run"]
 
