@@ -11,6 +11,7 @@ as root.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -87,10 +88,11 @@ class Keepers:
         for conn in self.conns:
             conn.call("shutdown")
             conn.close()
-        for v2, v1 in self.cgroups:
+        for v2, v1 in self.cgroups:  # a keeper let go removes its own, maybe first
             for path in (v2, v1):
                 if path is not None:
-                    path.rmdir()
+                    with contextlib.suppress(FileNotFoundError):
+                        path.rmdir()
 
 
 def spawn_latency(k: Keepers, runs: int) -> dict[str, float]:

@@ -351,13 +351,22 @@ class Keepers:
                 found[record.key] = KeptProcess(keeper, record)
         return found
 
-    async def shutdown_idle(self) -> None:
-        """Let every keeper that keeps nothing exit (after a drain)."""
+    async def shutdown_idle(self) -> bool:
+        """Let every keeper that keeps nothing exit (after a drain); whether all did.
+        Each removes its own cgroup roots as it leaves."""
+        all_left = True
         for keeper in list(self.keepers.values()):
             try:
                 await keeper.call("shutdown")
-            except (KeeperError, KeeperGone):
+            except KeeperGone:
                 continue
+            except KeeperError:
+                all_left = False
+        return all_left
+
+    def all_gone(self) -> bool:
+        """Whether every keeper's connection has closed: each one let go has exited."""
+        return all(keeper.gone for keeper in self.keepers.values())
 
 
 def _spawn_fields(spec: Spec) -> dict[str, Any]:

@@ -4,7 +4,9 @@ daemon to take back; a second signal stops at once."""
 
 from __future__ import annotations
 
+import errno
 import signal
+from pathlib import Path
 
 import anyio
 import structlog
@@ -12,9 +14,12 @@ import structlog
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.daemon import leaving, reload
+from supervisor.daemon.keepers import Keepers
 from supervisor.daemon.parts import Parts, Phase
 
 log = structlog.get_logger("gpusvd")
+
+GROUP_WAIT_S = 10.0  # for the keepers let go by a drain to exit
 
 
 async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
@@ -43,10 +48,40 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
             await idle.wait()
         while parts.runner.procs:  # each end acknowledged to its keeper
             await anyio.sleep(0.02)
-    await parts.keepers.shutdown_idle()  # a stopped daemon leaves no keeper behind
+    if await parts.keepers.shutdown_idle():  # a stopped daemon leaves no keeper behind
+        await _remove_emptied(parts.keepers)
     parts.engine.lines.flush()  # the last second's job lines left out, summed up
     log.info("drained")
     scope.cancel()
+
+
+async def _remove_emptied(keepers: Keepers) -> None:
+    """The keepers' group, once the keepers let go have removed their roots in it (each
+    before it exits, a few milliseconds after its answer): where no systemd trims the
+    unit's tree after a stop (a shell, a container), a stopped daemon leaves no cgroup
+    behind either."""
+    waiting = [g for g in (keepers.cgroup2, keepers.memcg) if g is not None]
+    deadline = anyio.current_time() + GROUP_WAIT_S
+    while waiting:
+        exited = keepers.all_gone()  # before the try: after it, one more try decides
+        waiting = [g for g in waiting if not _removed(g)]
+        if exited or anyio.current_time() > deadline:
+            break
+        await anyio.sleep(0.01)
+    for group in waiting:
+        log.info("cgroup left in place: not empty", cgroup=str(group))
+
+
+def _removed(group: Path) -> bool:
+    try:
+        group.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EBUSY):
+            return False
+        log.info("cgroup left in place", cgroup=str(group), why=exc.strerror)
+    return True
 
 
 async def _leave(parts: Parts, scope: anyio.CancelScope, why: str) -> None:

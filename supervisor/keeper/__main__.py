@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
+from . import cgroup
 from .cgroup import Roots
 from .direct import Home
 from .jobs import Jobs
@@ -145,8 +146,23 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     server.serve()
     (home / "sock").unlink(missing_ok=True)
+    _remove_roots(roots)
     log_line("no jobs left to keep: exiting")
     return 0
+
+
+def _remove_roots(roots: Roots) -> None:
+    """Leaving with nothing kept (a drain let us go): our roots are empty, each job's
+    group removed at its end, and ours to remove (the group above them is whoever gave
+    them to us). What still holds a process or a group stays, and is said."""
+    try:
+        gone = cgroup.remove(cgroup.Groups(roots.v2, roots.memcg))
+    except OSError as exc:
+        gone, why = False, exc.strerror
+    else:
+        why = "a process or a group is still in one"
+    if not gone:
+        log_line(f"cgroup roots left in place ({roots.v2}, {roots.memcg}): {why}")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,8 @@ def remove_tree(path: str | Path) -> None:
     """Empty out and remove a cgroup and every group under it, deepest first: a keeper's
     root holds each job's group and a probe group left by a keeper killed while it
     probed, and a job may have made groups of its own. For whoever throws a keeper's
-    roots away (the benchmark, tests); a keeper never removes its own."""
+    roots away (the benchmark, tests); a keeper removes its own only when it leaves with
+    nothing kept, and then they are empty."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
             remove_tree(entry.path)

@@ -61,3 +61,45 @@ def test_a_stop_drains_running_jobs(make_daemon: Callable[..., Daemon], tmp_path
     shown = d.show(job_id)
     assert shown["attempts"][0]["reason"] == "interrupted"
     assert shown["retries"]["ordinary"]["used"] == 0
+
+
+def test_a_stop_leaves_no_cgroup_of_its_keepers_behind(make_daemon: Callable[..., Daemon]) -> None:
+    """Where no systemd trims the unit's tree after a stop (a shell, a container), the
+    keepers let go by the drain remove their roots, and the last one the daemon's group."""
+    from supervisor.daemon.cgroups import keeper_roots
+    from supervisor.daemon.keepers import cgroup_tag
+
+    d = make_daemon(gpus="1x8G", config="cpu_slots = 1\n")
+    bases = [b for b in keeper_roots(cgroup_tag(d.state)) if b is not None]
+    assert bases, "no cgroup hierarchy to make keeper roots in"
+    cpu_job, gpu_job = d.submit("sleep", "1000", gpus=0), d.submit("sleep", "1000")
+    d.wait_pid(cpu_job)
+    d.wait_pid(gpu_job)
+    made = sorted(p.name for p in bases[0].iterdir() if p.is_dir())
+    assert made == ["keeper-cpu", "keeper-gpu0"]
+    assert d.stop(signal.SIGTERM) == 0
+    assert "drained" in d.log_text()
+    assert [b for b in bases if b.exists()] == []
+
+
+def test_a_stop_leaves_a_group_that_holds_something_else_in_place_and_says_so(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    from supervisor.daemon.cgroups import keeper_roots
+    from supervisor.daemon.keepers import cgroup_tag
+
+    d = make_daemon(gpus="1x8G")
+    v2 = keeper_roots(cgroup_tag(d.state))[0]
+    assert v2 is not None, "no unified hierarchy to make keeper roots in"
+    d.wait_done(d.submit("true"))
+    other = v2 / "keeper-gpu0" / "made-by-someone-else"
+    other.mkdir()
+    try:
+        assert d.stop(signal.SIGTERM) == 0
+        assert [p.name for p in (v2 / "keeper-gpu0").iterdir() if p.is_dir()] == [other.name]
+        assert "cgroup left in place: not empty" in d.log_text()
+        keeper_log = (d.state / "keepers" / "gpu0" / "log").read_text()
+        assert "cgroup roots left in place" in keeper_log
+        assert "no jobs left to keep: exiting" in keeper_log
+    finally:
+        other.rmdir()
