@@ -98,6 +98,7 @@ class Keeper:
     _relist_due: bool = False
     _relist_s: float = RELIST_S  # doubles while even the list answers are skipped
     _listing: set[int] = field(default_factory=set)  # ids of our own `list` requests
+    _on_gone: anyio.Event | None = None
 
     async def call(
         self,
@@ -224,8 +225,16 @@ class Keeper:
             slot[1].append(message)
             slot[0].set()
 
+    async def closed(self) -> None:
+        """Until the connection has closed: a keeper let go has then exited."""
+        if not self.gone:
+            self._on_gone = self._on_gone or anyio.Event()
+            await self._on_gone.wait()
+
     def _lost(self) -> None:
         self.gone = True
+        if self._on_gone is not None:
+            self._on_gone.set()
         for done, _ in self._replies.values():
             done.set()
         self._replies.clear()
@@ -364,9 +373,10 @@ class Keepers:
                 all_left = False
         return all_left
 
-    def all_gone(self) -> bool:
-        """Whether every keeper's connection has closed: each one let go has exited."""
-        return all(keeper.gone for keeper in self.keepers.values())
+    async def all_closed(self) -> None:
+        """Until every keeper's connection has closed: each one let go has exited."""
+        for keeper in list(self.keepers.values()):
+            await keeper.closed()
 
 
 def _spawn_fields(spec: Spec) -> dict[str, Any]:

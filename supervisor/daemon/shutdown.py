@@ -4,9 +4,7 @@ daemon to take back; a second signal stops at once."""
 
 from __future__ import annotations
 
-import errno
 import signal
-from pathlib import Path
 
 import anyio
 import structlog
@@ -19,7 +17,7 @@ from supervisor.daemon.parts import Parts, Phase
 
 log = structlog.get_logger("gpusvd")
 
-GROUP_WAIT_S = 10.0  # for the keepers let go by a drain to exit
+KEEPERS_EXIT_S = 10.0  # for the keepers let go by a drain to exit
 
 
 async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
@@ -49,39 +47,27 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
         while parts.runner.procs:  # each end acknowledged to its keeper
             await anyio.sleep(0.02)
     if await parts.keepers.shutdown_idle():  # a stopped daemon leaves no keeper behind
-        await _remove_emptied(parts.keepers)
+        with anyio.move_on_after(KEEPERS_EXIT_S):
+            await parts.keepers.all_closed()
+        _remove_groups(parts.keepers)
     parts.engine.lines.flush()  # the last second's job lines left out, summed up
     log.info("drained")
     scope.cancel()
 
 
-async def _remove_emptied(keepers: Keepers) -> None:
-    """The keepers' group, once the keepers let go have removed their roots in it (each
-    before it exits, a few milliseconds after its answer): where no systemd trims the
-    unit's tree after a stop (a shell, a container), a stopped daemon leaves no cgroup
-    behind either."""
-    waiting = [g for g in (keepers.cgroup2, keepers.memcg) if g is not None]
-    deadline = anyio.current_time() + GROUP_WAIT_S
-    while waiting:
-        exited = keepers.all_gone()  # before the try: after it, one more try decides
-        waiting = [g for g in waiting if not _removed(g)]
-        if exited or anyio.current_time() > deadline:
-            break
-        await anyio.sleep(0.01)
-    for group in waiting:
-        log.info("cgroup left in place: not empty", cgroup=str(group))
-
-
-def _removed(group: Path) -> bool:
-    try:
-        group.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if exc.errno in (errno.ENOTEMPTY, errno.EBUSY):
-            return False
-        log.info("cgroup left in place", cgroup=str(group), why=exc.strerror)
-    return True
+def _remove_groups(keepers: Keepers) -> None:
+    """The keepers' group, emptied by the keepers let go (each removes its roots before
+    it exits): where no systemd trims the unit's tree after a stop (a shell, a
+    container), a stopped daemon leaves no cgroup behind either."""
+    for group in (keepers.cgroup2, keepers.memcg):
+        if group is None:
+            continue
+        try:
+            group.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.info("cgroup left in place", cgroup=str(group), why=exc.strerror)
 
 
 async def _leave(parts: Parts, scope: anyio.CancelScope, why: str) -> None:

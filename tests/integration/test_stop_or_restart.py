@@ -97,7 +97,7 @@ def test_a_stop_leaves_a_group_that_holds_something_else_in_place_and_says_so(
     try:
         assert d.stop(signal.SIGTERM) == 0
         assert [p.name for p in (v2 / "keeper-gpu0").iterdir() if p.is_dir()] == [other.name]
-        assert "cgroup left in place: not empty" in d.log_text()
+        assert "cgroup left in place" in d.log_text()
         keeper_log = (d.state / "keepers" / "gpu0" / "log").read_text()
         assert "cgroup roots left in place" in keeper_log
         assert "no jobs left to keep: exiting" in keeper_log
