@@ -65,7 +65,7 @@ def test_a_stop_drains_running_jobs(make_daemon: Callable[..., Daemon], tmp_path
 
 def test_a_stop_leaves_no_cgroup_of_its_keepers_behind(make_daemon: Callable[..., Daemon]) -> None:
     """Where no systemd trims the unit's tree after a stop (a shell, a container), the
-    keepers let go by the drain remove their roots, and the last one the daemon's group."""
+    keepers let go by the drain remove their roots, and the daemon then its group."""
     from supervisor.daemon.cgroups import keeper_roots
     from supervisor.daemon.keepers import cgroup_tag
 
