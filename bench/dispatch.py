@@ -30,9 +30,9 @@ from supervisor.core.outcome import Facts
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import load
 from supervisor.daemon.engine import Engine, submitted_ids
-from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.scheduler import Dispatcher
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
+from supervisor.daemon.store.memory_book import MemoryBook
 
 from .harness import summary
 

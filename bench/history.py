@@ -14,7 +14,7 @@ import anyio
 from supervisor.core.jobs import Job, JobSpec, JobState, transition
 from supervisor.core.memkey import mem_key
 from supervisor.daemon.clock import now_iso
-from supervisor.daemon.store import Attempt, Event, Store
+from supervisor.daemon.store.database import Attempt, Event, Store
 
 CHUNK = 10_000
 

@@ -16,7 +16,7 @@ import structlog
 from hypothesis import settings
 
 from supervisor.daemon import logs
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
 
 # No test asserts on time: a generated example that runs slow on a busy machine is no
 # failure (hypothesis's default deadline is 200 ms per example).

@@ -15,7 +15,7 @@ from supervisor.core.draft import Step
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
 
 
 def job_of(w: Write) -> Job:

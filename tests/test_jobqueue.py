@@ -19,9 +19,9 @@ from supervisor.core.outcome import Facts
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import load
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.scheduler import Dispatcher
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
+from supervisor.daemon.store.memory_book import MemoryBook
 
 # Host RAM is read from the machine in the daemon; here it is fixed, so that what fits is
 # the same on any machine: 89 000 MB free for new jobs while nothing is booked.

@@ -13,7 +13,7 @@ import pytest
 from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
 from supervisor.core.jobs import JobSpec
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
 
 from .test_jobqueue import Machine, spec
 

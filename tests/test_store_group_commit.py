@@ -13,8 +13,8 @@ import aiosqlite
 import anyio
 import pytest
 
-from supervisor.daemon import store_writer
-from supervisor.daemon.store_writer import Writer
+from supervisor.daemon.store import writer as store_writer
+from supervisor.daemon.store.writer import Writer
 
 
 @pytest.fixture

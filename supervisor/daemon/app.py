@@ -31,7 +31,6 @@ from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.job_lines import JobLines
 from supervisor.daemon.keepers import Keepers, cgroup_tag, keeper_name
-from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.parts import Parts, Phase
 from supervisor.daemon.recovery import reconcile
@@ -47,7 +46,8 @@ from supervisor.daemon.startup import (
     record_previous_exit,
     return_startup_memory,
 )
-from supervisor.daemon.store import Store, StoreOpenError
+from supervisor.daemon.store.database import Store, StoreOpenError
+from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.systemd import (
     HealthBoard,
     Notifier,

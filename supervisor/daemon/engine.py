@@ -27,9 +27,9 @@ from supervisor.core.engine import steps
 from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.commit import commit, commit_later
 from supervisor.daemon.job_lines import JobLines
-from supervisor.daemon.store import StorageError, Store
+from supervisor.daemon.store.commit import commit, commit_later
+from supervisor.daemon.store.database import StorageError, Store
 
 log = structlog.get_logger("gpusvd.engine")
 T = TypeVar("T")

@@ -32,7 +32,7 @@ from supervisor.daemon.config import HooksConfig
 
 if TYPE_CHECKING:
     from supervisor.core.records import Attempt
-    from supervisor.daemon.membook import MemoryBook
+    from supervisor.daemon.store.memory_book import MemoryBook
 
 log = structlog.get_logger("gpusvd.hooks")
 STDERR_KEPT = 4096  # bytes of a failing hook's stderr that go to the log

@@ -17,10 +17,10 @@ from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.keepers import Keepers
-from supervisor.daemon.membook import MemoryBook
 from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.server import Server
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
+from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.systemd import HealthBoard, Notifier
 from supervisor.daemon.telemetry import Telemetry
 

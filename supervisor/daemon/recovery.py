@@ -21,13 +21,13 @@ import structlog
 from supervisor.core.commands import Recover
 from supervisor.core.jobs import FailureReason, JobState
 from supervisor.daemon.clock import now_iso
-from supervisor.daemon.commit import next_job_id
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.keepers import KeeperGone, Keepers
 from supervisor.daemon.kept import KeptProcess
 from supervisor.daemon.launch import kill_leftover
-from supervisor.daemon.membook import MemoryBook
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.commit import next_job_id
+from supervisor.daemon.store.database import Store
+from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Key
 

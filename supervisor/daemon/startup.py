@@ -18,7 +18,7 @@ import structlog
 
 from supervisor.daemon.clock import iso_from_epoch
 from supervisor.daemon.server import StartupError
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
 
 log = structlog.get_logger("gpusvd")
 EXIT_MARKER = "last-exit.json"

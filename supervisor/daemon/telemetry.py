@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from supervisor.daemon.engine import Engine
     from supervisor.daemon.gpu_monitor import GpuMonitor
     from supervisor.daemon.scheduler import Dispatcher
-    from supervisor.daemon.store import Store
+    from supervisor.daemon.store.database import Store
     from supervisor.daemon.systemd import HealthBoard
 
 DEADMAN_RECENT_S = 600.0  # a deadman exit this recent keeps `health` failing

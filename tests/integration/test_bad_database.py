@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.store_schema import MIGRATIONS
+from supervisor.daemon.store.schema import MIGRATIONS
 
 from .conftest import Daemon
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from supervisor.core.jobs import Job
 from supervisor.daemon.clock import iso_from_epoch
-from supervisor.daemon.store import Store
-from supervisor.daemon.store_schema import JOB_COLUMNS, _row_to_job, _Specs
+from supervisor.daemon.store.database import Store
+from supervisor.daemon.store.schema import JOB_COLUMNS, _row_to_job, _Specs
 
 FINISHED = "state IN ('succeeded', 'failed', 'cancelled')"
 

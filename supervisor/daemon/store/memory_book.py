@@ -6,7 +6,7 @@ from supervisor.core.commands import AttemptEnded
 from supervisor.core.jobs import JobSpec
 from supervisor.core.projection import MemObservation, Projection, project
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.store import Store
+from supervisor.daemon.store.database import Store
 
 HISTORY = 50  # attempts per memory key kept in memory for projections
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from supervisor.core.commands import InsertJob, RecordHang, SaveJob, SetPid, Write
 from supervisor.core.records import Event
-from supervisor.daemon.store import Store
-from supervisor.daemon.store_schema import (
+from supervisor.daemon.store.database import Store
+from supervisor.daemon.store.schema import (
     INSERT_EVENT,
     UPDATE_JOB,
     _event_params,

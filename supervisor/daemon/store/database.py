@@ -16,14 +16,14 @@ import structlog
 
 from supervisor.core.jobs import Job, JobSpec
 from supervisor.core.records import Attempt, Event
-from supervisor.daemon.store_guard import (
+from supervisor.daemon.store.guard import (
     IdMark,
     StoreOpenError,
     check_database_file,
     newest_log_id,
     prepare,
 )
-from supervisor.daemon.store_schema import (
+from supervisor.daemon.store.schema import (
     ATTEMPT_COLUMNS,
     INSERT_EVENT,
     JOB_COLUMNS,
@@ -40,7 +40,7 @@ from supervisor.daemon.store_schema import (
     _Specs,
     _update_job,
 )
-from supervisor.daemon.store_writer import StorageError, Writer
+from supervisor.daemon.store.writer import StorageError, Writer
 
 __all__ = [
     "Attempt",

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiosqlite
 import structlog
 
-from supervisor.daemon.store_schema import MIGRATIONS, SCHEMA_VERSION
+from supervisor.daemon.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 log = structlog.get_logger("gpusvd.store")
 
