@@ -9,7 +9,7 @@ import dataclasses
 import anyio
 
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.daemon.waiting import Ends
+from supervisor.daemon.requests.waiting import Ends
 
 SPEC = JobSpec(argv=("true",), cwd="/", env={}, owner_uid=0, owner_gid=0)
 

@@ -18,8 +18,6 @@ import structlog
 from supervisor.core.commands import Changed
 from supervisor.core.jobs import JobState
 from supervisor.daemon import cgroups, joblogs, logs, oom, shutdown
-from supervisor.daemon.access import Access
-from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config, ConfigError, load
@@ -34,9 +32,12 @@ from supervisor.daemon.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.parts import Parts, Phase
 from supervisor.daemon.recovery import reconcile
+from supervisor.daemon.requests.access import Access
+from supervisor.daemon.requests.handlers import Api
+from supervisor.daemon.requests.server import Server, StartupError, connection_cap, preflight
+from supervisor.daemon.requests.telemetry import Telemetry
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
-from supervisor.daemon.server import Server, StartupError, connection_cap, preflight
 from supervisor.daemon.space import wait_for_space
 from supervisor.daemon.startup import (
     deadman_exit,
@@ -57,7 +58,6 @@ from supervisor.daemon.systemd import (
     watchdog_interval_s,
     watchdog_task,
 )
-from supervisor.daemon.telemetry import Telemetry
 from supervisor.gpus import GpuError, open_backend
 from supervisor.gpus.nvml_events import nvml_xid_sources
 from supervisor.gpus.release import release_backend

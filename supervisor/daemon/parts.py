@@ -6,8 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from supervisor.daemon.access import Access
-from supervisor.daemon.api import Api
 from supervisor.daemon.attempts import Runner
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
@@ -17,12 +15,14 @@ from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.keepers import Keepers
+from supervisor.daemon.requests.access import Access
+from supervisor.daemon.requests.handlers import Api
+from supervisor.daemon.requests.server import Server
+from supervisor.daemon.requests.telemetry import Telemetry
 from supervisor.daemon.scheduler import Dispatcher
-from supervisor.daemon.server import Server
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.systemd import HealthBoard, Notifier
-from supervisor.daemon.telemetry import Telemetry
 
 
 class Phase(Enum):

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from supervisor.daemon.config import Config, ConfigError
-from supervisor.daemon.server import connection_cap
+from supervisor.daemon.requests.server import connection_cap
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from supervisor.daemon.access import Access
-    from supervisor.daemon.api import Api
     from supervisor.daemon.engine import Engine
     from supervisor.daemon.hooks import Hooks
-    from supervisor.daemon.server import Server
+    from supervisor.daemon.requests.access import Access
+    from supervisor.daemon.requests.handlers import Api
+    from supervisor.daemon.requests.server import Server
 
 
 class Parts(Protocol):

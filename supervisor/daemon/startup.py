@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import structlog
 
 from supervisor.daemon.clock import iso_from_epoch
-from supervisor.daemon.server import StartupError
+from supervisor.daemon.requests.server import StartupError
 from supervisor.daemon.store.database import Store
 
 log = structlog.get_logger("gpusvd")

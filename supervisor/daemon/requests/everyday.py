@@ -26,8 +26,8 @@ from supervisor.wire import protocol
 from supervisor.wire.protocol import Clean, JobRef, ProtocolError
 
 if TYPE_CHECKING:
-    from supervisor.daemon.api import Api
-    from supervisor.daemon.server import Peer
+    from supervisor.daemon.requests.handlers import Api
+    from supervisor.daemon.requests.server import Peer
 
 PAUSED_FILE = "paused"  # in the state dir: a pause outlives a restart of the daemon
 CLOSE_CANCEL_S = 10.0  # the longest a closed `run` connection's cancels may take

@@ -7,7 +7,7 @@ import os
 import pwd
 
 from supervisor.core.jobs import Job
-from supervisor.daemon.server import Peer
+from supervisor.daemon.requests.server import Peer
 from supervisor.wire import protocol
 from supervisor.wire.protocol import ProtocolError
 

@@ -17,18 +17,18 @@ from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase, waiting_ahead
 from supervisor.daemon import joblogs, views
-from supervisor.daemon.access import Access, forbidden
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.requests.access import Access, forbidden
+from supervisor.daemon.requests.everyday import Verbs
+from supervisor.daemon.requests.server import Peer
+from supervisor.daemon.requests.submit_specs import job_specs
+from supervisor.daemon.requests.waiting import Ends
 from supervisor.daemon.scheduler import Dispatcher
-from supervisor.daemon.server import Peer
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store.database import StorageError
 from supervisor.daemon.store.memory_book import MemoryBook
-from supervisor.daemon.submit_specs import job_specs
-from supervisor.daemon.verbs import Verbs
-from supervisor.daemon.waiting import Ends
 from supervisor.wire import protocol
 from supervisor.wire.protocol import (
     ArrayRef,
