@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from supervisor.client.cli import Client, Unreachable
-from supervisor.daemon import keeper_procs
+from supervisor.daemon.running import keeper_processes as keeper_procs
 
 PY = sys.executable
 BIN = Path(sys.executable).parent

@@ -74,7 +74,7 @@ def _no_keeper_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield
     import psutil
 
-    from supervisor.daemon.keeper_procs import keeper_processes
+    from supervisor.daemon.running.keeper_processes import keeper_processes
 
     left = keeper_processes(tmp_path_factory.getbasetemp())
     for proc in left:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.daemon.ahead import Ahead, behind
+from supervisor.daemon.running.ahead import Ahead, behind
 
 
 def test_the_line_behind_a_job_is_what_follows_it_and_what_follows_those() -> None:

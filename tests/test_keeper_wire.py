@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.daemon import keeper_wire, keepers
-from supervisor.daemon.keeper_wire import Wire
+from supervisor.daemon.running import keeper_wire, keepers
+from supervisor.daemon.running.keeper_wire import Wire
 
 
 class Transport(asyncio.Transport):

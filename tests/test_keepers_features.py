@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from supervisor.daemon.keepers import Keeper, Keepers
+from supervisor.daemon.running.keepers import Keeper, Keepers
 
 
 def _attached(keepers: Keepers, name: str, features: frozenset[str], gone: bool = False) -> None:

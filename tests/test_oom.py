@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.core import oom as ranking
-from supervisor.daemon import cgroups, oom
+from supervisor.daemon.running import cgroups
+from supervisor.daemon.running import oom_scores as oom
 from supervisor.keeper.cgroup import parse_oom_kill
 
 MB = 1024 * 1024
@@ -152,7 +153,7 @@ def test_preexec_hook_fails_the_spawn_when_it_cannot_set_the_value() -> None:
 
 
 SELF_ADJUST = (
-    "import json; from supervisor.daemon import oom;"
+    "import json; from supervisor.daemon.running import oom_scores as oom;"
     "w = oom.daemon_self_adjust(); print(json.dumps([w, oom.read_value()]))"
 )
 

@@ -1,6 +1,6 @@
 """Who the kernel's OOM killer takes first, and who the daemon stops first in a squeeze.
 
-Pure ranking (the writes to /proc are daemon/oom.py's). The newest running job gets
+Pure ranking (the writes to /proc are daemon/running/oom_scores.py's). The newest running job gets
 oom_score_adj 1000; every process of every other job gets the base value (0, or the
 daemon's own value when that is higher). The kernel ranks processes by RSS plus
 oom_score_adj/1000 of the memory it is short of, so 1000 against 0 outweighs any

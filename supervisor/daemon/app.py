@@ -17,8 +17,7 @@ import structlog
 
 from supervisor.core.commands import Changed
 from supervisor.core.jobs import JobState
-from supervisor.daemon import cgroups, joblogs, logs, oom, shutdown
-from supervisor.daemon.attempts import Runner
+from supervisor.daemon import logs, shutdown
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config, ConfigError, load
 from supervisor.daemon.deadman import Deadman, abort_deadline_s
@@ -28,7 +27,6 @@ from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.job_lines import JobLines
-from supervisor.daemon.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.parts import Parts, Phase
 from supervisor.daemon.recovery import reconcile
@@ -36,6 +34,11 @@ from supervisor.daemon.requests.access import Access
 from supervisor.daemon.requests.handlers import Api
 from supervisor.daemon.requests.server import Server, StartupError, connection_cap, preflight
 from supervisor.daemon.requests.telemetry import Telemetry
+from supervisor.daemon.running import cgroups
+from supervisor.daemon.running import oom_scores as oom
+from supervisor.daemon.running import output_files as joblogs
+from supervisor.daemon.running.keepers import Keepers, cgroup_tag, keeper_name
+from supervisor.daemon.running.runner import Runner
 from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.space import wait_for_space

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from supervisor.daemon.attempts import Runner
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.deadman import Deadman
@@ -14,11 +13,12 @@ from supervisor.daemon.engine import Engine
 from supervisor.daemon.gpu_monitor import GpuMonitor
 from supervisor.daemon.hangs import HangWatcher
 from supervisor.daemon.hooks import Hooks
-from supervisor.daemon.keepers import Keepers
 from supervisor.daemon.requests.access import Access
 from supervisor.daemon.requests.handlers import Api
 from supervisor.daemon.requests.server import Server
 from supervisor.daemon.requests.telemetry import Telemetry
+from supervisor.daemon.running.keepers import Keepers
+from supervisor.daemon.running.runner import Runner
 from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook

@@ -22,9 +22,9 @@ from supervisor.core.commands import Recover
 from supervisor.core.jobs import FailureReason, JobState
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.keepers import KeeperGone, Keepers
-from supervisor.daemon.kept import KeptProcess
-from supervisor.daemon.launch import kill_leftover
+from supervisor.daemon.running.handles import KeptProcess
+from supervisor.daemon.running.keepers import KeeperGone, Keepers
+from supervisor.daemon.running.launch import kill_leftover
 from supervisor.daemon.store.commit import next_job_id
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
@@ -32,7 +32,7 @@ from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Key
 
 if TYPE_CHECKING:
-    from supervisor.daemon.attempts import Runner
+    from supervisor.daemon.running.runner import Runner
 
 log = structlog.get_logger("gpusvd.recovery")
 

@@ -16,11 +16,11 @@ import structlog
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.core.oom import squeeze_victims
-from supervisor.daemon import joblogs
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.memory import TreeSampler, read_meminfo
+from supervisor.daemon.running import output_files as joblogs
 from supervisor.faults.cputime import cpu_seconds
 from supervisor.faults.watchdog import (
     ProgressTracker,
@@ -30,9 +30,9 @@ from supervisor.faults.watchdog import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.daemon.attempts import Proc, Runner
     from supervisor.daemon.gpu_monitor import GpuMonitor
     from supervisor.daemon.hangs import HangWatcher
+    from supervisor.daemon.running.runner import Proc, Runner
     from supervisor.daemon.scheduler import Dispatcher
 
 log = structlog.get_logger("gpusvd.sampler")

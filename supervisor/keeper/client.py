@@ -1,6 +1,6 @@
 """Starting a keeper, and a small blocking client for its socket.
 
-gpusvd's own client is asynchronous (supervisor.daemon.keepers); this one serves tools,
+gpusvd's own client is asynchronous (supervisor.daemon.running.keepers); this one serves tools,
 the benchmark and tests, and holds the wire format's two rules: one JSON object a line,
 replies matched to requests by `id`, events (`"event"` set) in between.
 """

@@ -204,7 +204,7 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
 def _kill_keepers(d: Daemon) -> None:
     """Keepers outlive their daemon by design: a test's die with it, with their jobs."""
-    from supervisor.daemon.keeper_procs import abandon
+    from supervisor.daemon.running.keeper_processes import abandon
 
     abandon(d.state)
 

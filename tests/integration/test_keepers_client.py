@@ -15,9 +15,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.daemon.keepers import KeeperGone, Keepers
-from supervisor.daemon.kept import exit_status
-from supervisor.daemon.launch import SpawnError
+from supervisor.daemon.running.handles import exit_status
+from supervisor.daemon.running.keepers import KeeperGone, Keepers
+from supervisor.daemon.running.launch import SpawnError
 from supervisor.keeper import cgroup
 from supervisor.keeper.client import pid_of
 from supervisor.keeper.spawn import Spec

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.client.cli import Client, Unreachable
-from supervisor.daemon.keeper_procs import abandon
+from supervisor.daemon.running.keeper_processes import abandon
 from supervisor.wire.locations import SYSTEM_CONFIG, SYSTEM_SOCKET
 
 from .test_security import Users, users  # noqa: F401  (the fixture that makes real users)

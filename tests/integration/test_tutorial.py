@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.daemon.keeper_procs import abandon
+from supervisor.daemon.running.keeper_processes import abandon
 
 DOC = Path(__file__).parents[2] / "docs" / "tutorial.md"
 BLOCK = re.compile(r"<!-- test(?P<daemon>: daemon)? -->\n```sh\n(?P<body>.*?)```", re.S)

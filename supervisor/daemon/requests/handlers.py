@@ -16,7 +16,7 @@ from supervisor.core.commands import Submit as SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase, waiting_ahead
-from supervisor.daemon import joblogs, views
+from supervisor.daemon import views
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
@@ -25,6 +25,7 @@ from supervisor.daemon.requests.everyday import Verbs
 from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.requests.submit_specs import job_specs
 from supervisor.daemon.requests.waiting import Ends
+from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store.database import StorageError

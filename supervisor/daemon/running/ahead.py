@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from supervisor.daemon.keepers import Drop
+from supervisor.daemon.running.keepers import Drop
 
 DROP_WAIT_S = 5.0  # for a held-back spawn's `dropped` answer, before a hung job is killed
 

@@ -21,9 +21,9 @@ from typing import Any
 import anyio
 import structlog
 
-from supervisor.daemon.keeper_wire import Wire
-from supervisor.daemon.kept import KeptProcess
-from supervisor.daemon.launch import SpawnError
+from supervisor.daemon.running.handles import KeptProcess
+from supervisor.daemon.running.keeper_wire import Wire
+from supervisor.daemon.running.launch import SpawnError
 from supervisor.keeper.client import KeeperError, launch
 from supervisor.keeper.journal import Key, Record, record_from
 from supervisor.keeper.spawn import Spec
