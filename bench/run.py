@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from supervisor.daemon import logs
-from supervisor.daemon.memory import measure_sampler_cost
+from supervisor.daemon.watch.memory import measure_sampler_cost
 
 from . import keeper, report
 from .client import measure_client

@@ -26,7 +26,7 @@ def test_simulated_cards_metrics_and_a_plain_job_load_none_of_them() -> None:
     code = """
 import tempfile
 from pathlib import Path
-from supervisor.daemon.metrics import Metrics
+from supervisor.daemon.watch.metrics import Metrics
 from supervisor.faults.watchdog import ProgressTracker
 from supervisor.gpus import open_backend
 from supervisor.gpus.nvml_events import xid_event_sources
@@ -47,7 +47,7 @@ ProgressTracker(None, 0.0).on_output("step 1\\n", 1.0)
 
 def test_each_is_loaded_by_what_uses_it() -> None:
     code = """
-from supervisor.daemon.metrics import Metrics, Snapshot
+from supervisor.daemon.watch.metrics import Metrics, Snapshot
 from supervisor.faults.watchdog import ProgressTracker
 assert "gpusv_jobs" in Metrics().render(Snapshot())
 ProgressTracker(r"step (\\d+)", 0.0)

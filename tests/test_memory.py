@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.memory import TreeSampler, available_mb, read_meminfo
+from supervisor.daemon.watch.memory import TreeSampler, available_mb, read_meminfo
 
 # Bytes multiplication writes every page, so the memory is resident, not just reserved.
 HOG = """

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.daemon.metrics import (
+from supervisor.daemon.watch.metrics import (
     LATENCY_BUCKETS,
     MIB,
     CardSample,
@@ -17,7 +17,7 @@ from supervisor.daemon.metrics import (
     Snapshot,
     split_listen,
 )
-from supervisor.daemon.metrics_render import families
+from supervisor.daemon.watch.metrics_render import families
 
 CARD = CardSample(
     index=0,

@@ -23,11 +23,7 @@ from supervisor.daemon.config import Config, ConfigError, load
 from supervisor.daemon.deadman import Deadman, abort_deadline_s
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.forensics import Forensics
-from supervisor.daemon.gpu_monitor import GpuMonitor
-from supervisor.daemon.hangs import HangWatcher
-from supervisor.daemon.hooks import Hooks
 from supervisor.daemon.job_lines import JobLines
-from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.parts import Parts, Phase
 from supervisor.daemon.recovery import reconcile
 from supervisor.daemon.requests.access import Access
@@ -39,7 +35,6 @@ from supervisor.daemon.running import oom_scores as oom
 from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.running.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.running.runner import Runner
-from supervisor.daemon.sampling import Sampler
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.space import wait_for_space
 from supervisor.daemon.startup import (
@@ -61,6 +56,11 @@ from supervisor.daemon.systemd import (
     watchdog_interval_s,
     watchdog_task,
 )
+from supervisor.daemon.watch.gpu_monitor import GpuMonitor
+from supervisor.daemon.watch.hangs import HangWatcher
+from supervisor.daemon.watch.hooks import Hooks
+from supervisor.daemon.watch.memory import read_meminfo
+from supervisor.daemon.watch.sampling import Sampler
 from supervisor.gpus import GpuError, open_backend
 from supervisor.gpus.nvml_events import nvml_xid_sources
 from supervisor.gpus.release import release_backend

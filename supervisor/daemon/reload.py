@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from supervisor.daemon.engine import Engine
-    from supervisor.daemon.hooks import Hooks
     from supervisor.daemon.requests.access import Access
     from supervisor.daemon.requests.handlers import Api
     from supervisor.daemon.requests.server import Server
+    from supervisor.daemon.watch.hooks import Hooks
 
 
 class Parts(Protocol):

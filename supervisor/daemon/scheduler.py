@@ -25,8 +25,8 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.memory import available_mb, read_meminfo
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.daemon.watch.memory import available_mb, read_meminfo
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 SHORT_KINDS = 4096  # kinds of job whose last run time is remembered, most recent first

@@ -16,9 +16,9 @@ from supervisor.core import admission
 from supervisor.core.jobs import Job, JobState
 from supervisor.core.table import waiting_ahead
 from supervisor.daemon.clock import epoch_from_iso
-from supervisor.daemon.metrics import CardSample, HostSample, Metrics, Snapshot
 from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.running import output_files as joblogs
+from supervisor.daemon.watch.metrics import CardSample, HostSample, Metrics, Snapshot
 from supervisor.gpus.health import card_problems
 
 if TYPE_CHECKING:
@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 
     from supervisor.daemon.config import Config
     from supervisor.daemon.engine import Engine
-    from supervisor.daemon.gpu_monitor import GpuMonitor
     from supervisor.daemon.requests.access import Access
     from supervisor.daemon.running.runner import Runner
     from supervisor.daemon.scheduler import Dispatcher
     from supervisor.daemon.store.database import Store
     from supervisor.daemon.systemd import HealthBoard
+    from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 
 DEADMAN_RECENT_S = 600.0  # a deadman exit this recent keeps `health` failing
 TOP_HELD = 50  # held jobs listed by `top`

@@ -40,7 +40,7 @@ from supervisor.keeper.journal import Record
 from supervisor.keeper.spawn import Spec
 
 if TYPE_CHECKING:
-    from supervisor.daemon.gpu_monitor import GpuMonitor
+    from supervisor.daemon.watch.gpu_monitor import GpuMonitor
     from supervisor.faults.watchdog import ProgressTracker
 
 log = structlog.get_logger("gpusvd.attempts")

@@ -17,7 +17,7 @@ import structlog
 
 from supervisor.core.admission import Card
 from supervisor.daemon.clock import monotonic
-from supervisor.daemon.gpu_handover import handover_signals
+from supervisor.daemon.watch.gpu_handover import handover_signals
 from supervisor.gpus.allocation import describe_allocation
 from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost, GpuResetting
 from supervisor.gpus.health import placeable

@@ -23,15 +23,15 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import iso_from_epoch, now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.memory import read_meminfo
 from supervisor.daemon.running.cgroups import oom_kill_count, own_memory_cgroup
+from supervisor.daemon.watch.memory import read_meminfo
 from supervisor.faults.classifier import Classification, Classifier, FaultClass
 from supervisor.faults.merge import attributed_bus, feed
 from supervisor.faults.sources import KernelLine, follow
 
 if TYPE_CHECKING:
-    from supervisor.daemon.gpu_monitor import GpuMonitor
     from supervisor.daemon.running.runner import Proc
+    from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 
 log = structlog.get_logger("gpusvd.hangs")
 KILLED_PROCESS = re.compile(r"Killed process (\d+)")

@@ -35,7 +35,7 @@ from supervisor.daemon.clock import epoch_from_iso
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from supervisor.daemon.metrics_render import Registries
+    from supervisor.daemon.watch.metrics_render import Registries
 
 log = structlog.get_logger("gpusvd.metrics")
 
@@ -129,7 +129,7 @@ class Metrics:
     @property
     def registries(self) -> Registries:
         if self._registries is None:
-            from supervisor.daemon.metrics_render import Registries
+            from supervisor.daemon.watch.metrics_render import Registries
 
             self._registries = Registries(self.latency)
         return self._registries
@@ -164,7 +164,7 @@ class Metrics:
     ) -> None:
         """Serve http://LISTEN/metrics until cancelled. A port that cannot be bound is
         logged and leaves the daemon running: metrics are never worth an outage."""
-        from supervisor.daemon.metrics_render import stop
+        from supervisor.daemon.watch.metrics_render import stop
 
         self._changed = anyio.Event()
         await self._refresh(gather)

@@ -19,8 +19,8 @@ from supervisor.core.oom import squeeze_victims
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.memory import TreeSampler, read_meminfo
 from supervisor.daemon.running import output_files as joblogs
+from supervisor.daemon.watch.memory import TreeSampler, read_meminfo
 from supervisor.faults.cputime import cpu_seconds
 from supervisor.faults.watchdog import (
     ProgressTracker,
@@ -30,10 +30,10 @@ from supervisor.faults.watchdog import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.daemon.gpu_monitor import GpuMonitor
-    from supervisor.daemon.hangs import HangWatcher
     from supervisor.daemon.running.runner import Proc, Runner
     from supervisor.daemon.scheduler import Dispatcher
+    from supervisor.daemon.watch.gpu_monitor import GpuMonitor
+    from supervisor.daemon.watch.hangs import HangWatcher
 
 log = structlog.get_logger("gpusvd.sampler")
 READ_LIMIT = 256 * 1024  # new output scanned for the progress regex, per pass

@@ -21,7 +21,7 @@ from supervisor.gpus.base import GpuError
 from supervisor.gpus.release import release_backend
 
 if TYPE_CHECKING:
-    from supervisor.daemon.gpu_monitor import GpuMonitor
+    from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 
 log = structlog.get_logger("gpusvd.gpus")
 RELEASED = "released: the GPU driver was let go of (SIGUSR1); SIGUSR2 takes it back"

@@ -1,7 +1,7 @@
 """Host memory and per-job process-tree RSS, read from /proc through psutil.
 
 Every call here blocks on procfs; the daemon runs them in a worker thread. Measure the
-sampler's cost with `python -m supervisor.daemon.memory` (see docs/host-memory.md).
+sampler's cost with `python -m supervisor.daemon.watch.memory` (see docs/host-memory.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import psutil  # type: ignore[import-untyped]
 
-from supervisor.daemon.own_cgroup import memory_limit_mb
+from supervisor.daemon.watch.own_cgroup import memory_limit_mb
 
 _MB = 1024 * 1024
 
