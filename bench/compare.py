@@ -6,7 +6,7 @@ take turns (A, B, A, B, ...), each on a fresh daemon that imports its own tree, 
 this machine's drift of 10-20 % between minutes falls on all of them alike. Per run:
 the daemon's CPU per trivial job, jobs/s and the machine's CPU per job (with `--latency
 N`: N lone jobs one after another instead, from the submit request to the job's first
-instruction); then each revision's median. (`python -m supervisor.daemon.app` puts its
+instruction); then each revision's median. (`python -m supervisor.daemon.life.app` puts its
 working directory first on sys.path: the daemons run in their own directory, which holds
 no `supervisor`.)
 """

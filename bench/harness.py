@@ -87,7 +87,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: fl
 
 
 class BenchDaemon:
-    """gpusvd as a subprocess: `python -m supervisor.daemon.app --simulate-gpus ...`."""
+    """gpusvd as a subprocess: `python -m supervisor.daemon.life.app --simulate-gpus ...`."""
 
     def __init__(self, root: Path, *, gpus: str = "2x24G", config: str = "") -> None:
         self.root = root
@@ -109,7 +109,7 @@ class BenchDaemon:
         return [
             PY,
             "-m",
-            "supervisor.daemon.app",
+            "supervisor.daemon.life.app",
             "--config",
             str(self.config),
             "--simulate-gpus",

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.daemon import logs
+from supervisor.daemon.life import log_setup as logs
 from supervisor.daemon.watch.memory import measure_sampler_cost
 
 from . import keeper, report

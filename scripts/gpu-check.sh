@@ -55,7 +55,7 @@ fi
 # A job bound to the last card, through a real daemon: what CUDA sees.
 tmp=$(mktemp -d)
 trap 'kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; rm -rf "$tmp"' EXIT
-"$PY" -m supervisor.daemon.app --state-dir "$tmp/state" --socket "$tmp/sock" \
+"$PY" -m supervisor.daemon.life.app --state-dir "$tmp/state" --socket "$tmp/sock" \
     --kernel-log off >"$tmp/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do "$PY" -m supervisor.client.cli --socket "$tmp/sock" gpus >/dev/null 2>&1 && break; sleep 0.1; done

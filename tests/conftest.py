@@ -15,7 +15,7 @@ import pytest
 import structlog
 from hypothesis import settings
 
-from supervisor.daemon import logs
+from supervisor.daemon.life import log_setup as logs
 from supervisor.daemon.store.database import Store
 
 # No test asserts on time: a generated example that runs slow on a busy machine is no

@@ -19,14 +19,14 @@ import pytest
 import structlog
 from structlog.testing import CapturingLogger
 
-from supervisor.daemon.deadman import (
+from supervisor.daemon.life.deadman import (
     DEADLINE_ENV,
     DEADMAN_EXIT_CODE,
     Deadman,
     abort_deadline_s,
     wait_for_abort,
 )
-from supervisor.daemon.forensics import (
+from supervisor.daemon.life.forensics import (
     Forensics,
     WatchedAbort,
     describe_abort,
@@ -125,7 +125,7 @@ def test_bad_config_deadline_names_the_key() -> None:
 
 WEDGED_SCRIPT = """
 import threading, time
-from supervisor.daemon.deadman import Deadman
+from supervisor.daemon.life.deadman import Deadman
 deadman = Deadman(1.0)
 deadman.start()
 deadman.run_abort(threading.Event().wait, "job-17")   # blocks for ever
@@ -135,7 +135,7 @@ time.sleep(60)
 
 RETURNING_SCRIPT = """
 import threading
-from supervisor.daemon.deadman import Deadman
+from supervisor.daemon.life.deadman import Deadman
 deadman = Deadman(3.0)
 deadman.start()
 future = deadman.run_abort(lambda: "ok", "job-18")

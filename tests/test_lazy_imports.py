@@ -19,7 +19,7 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_importing_the_daemon_loads_none_of_them() -> None:
-    assert not loaded_after("import supervisor.daemon.app") & LAZY
+    assert not loaded_after("import supervisor.daemon.life.app") & LAZY
 
 
 def test_simulated_cards_metrics_and_a_plain_job_load_none_of_them() -> None:

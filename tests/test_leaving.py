@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon import leaving
+from supervisor.daemon.life import leaving
 
 
 @pytest.mark.parametrize(

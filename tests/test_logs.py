@@ -1,4 +1,5 @@
-"""Tests for supervisor.daemon.logs: formats, the journald priority prefix, the stdlib bridge."""
+"""Tests for supervisor.daemon.life.log_setup: formats, the journald priority prefix, the
+stdlib bridge."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import TextIO
 import pytest
 import structlog
 
-from supervisor.daemon import logs
+from supervisor.daemon.life import log_setup as logs
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 
@@ -199,7 +200,7 @@ def test_line_logged_right_before_os_exit_survives(tmp_path: Path) -> None:
     on a block-buffered stream, since os._exit flushes nothing."""
     code = (
         "import os, sys, threading\n"
-        "from supervisor.daemon import logs\n"
+        "from supervisor.daemon.life import log_setup as logs\n"
         "logs.configure('json', stream=open(sys.argv[1], 'w', buffering=65536))\n"
         "def deadman():\n"
         "    logs.get_logger('deadman').critical('abort wedged', deadline_s=60)\n"
@@ -215,6 +216,6 @@ def test_line_logged_right_before_os_exit_survives(tmp_path: Path) -> None:
 
 
 def test_import_does_not_load_structlog() -> None:
-    code = "import sys, supervisor.daemon.logs; print('structlog' in sys.modules)"
+    code = "import sys, supervisor.daemon.life.log_setup; print('structlog' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

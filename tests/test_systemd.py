@@ -22,7 +22,7 @@ import pytest
 import structlog
 from structlog.testing import CapturedCall, CapturingLogger
 
-from supervisor.daemon.systemd import (
+from supervisor.daemon.life.systemd import (
     LOOP,
     HealthBoard,
     Notifier,

@@ -46,7 +46,7 @@ class Daemon:
         argv = [
             sys.executable,
             "-m",
-            "supervisor.daemon.app",
+            "supervisor.daemon.life.app",
             "--config",
             str(self.config),
             "--state-dir",

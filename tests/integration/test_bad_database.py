@@ -117,7 +117,7 @@ def test_ids_go_on_after_a_lost_tail(make_daemon: Callable[..., Daemon]) -> None
 def test_the_daemon_module_runs_as_a_script() -> None:
     """The tests start gpusvd as `python -m`: keep that entry point."""
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor.daemon.app", "--help"],
+        [sys.executable, "-m", "supervisor.daemon.life.app", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

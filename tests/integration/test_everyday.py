@@ -242,7 +242,7 @@ def test_words_for_people(make_daemon: Callable[..., Daemon]) -> None:
     version = d.cli("--version")
     assert version.stdout.startswith("gpusv ")
     daemon_version = subprocess.run(
-        [sys.executable, "-m", "supervisor.daemon.app", "--version"],
+        [sys.executable, "-m", "supervisor.daemon.life.app", "--version"],
         capture_output=True,
         text=True,
         timeout=30,

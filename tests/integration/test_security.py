@@ -398,7 +398,7 @@ def _python_for(users: Users) -> str | None:
         "/usr/bin/python3",
         "/usr/local/bin/python3",
     ):
-        probe = "import sys, supervisor.daemon.app; sys.exit(sys.version_info < (3, 11))"
+        probe = "import sys, supervisor.daemon.life.app; sys.exit(sys.version_info < (3, 11))"
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             if users.run(users.member, candidate, "-c", probe).returncode == 0:
                 return candidate

@@ -70,7 +70,10 @@ def test_the_unit_layout_works_without_flags(users: Users, tmp_path: Path) -> No
         log = tmp_path / "gpusvd.log"
         with open(log, "wb") as out:
             daemon = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.daemon.app"], stdout=out, stderr=out, env=env
+                [sys.executable, "-m", "supervisor.daemon.life.app"],
+                stdout=out,
+                stderr=out,
+                env=env,
             )
         try:
             deadline = time.monotonic() + 30

@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
     from supervisor.daemon.config import Config
     from supervisor.daemon.engine import Engine
+    from supervisor.daemon.life.systemd import HealthBoard
     from supervisor.daemon.requests.access import Access
     from supervisor.daemon.running.runner import Runner
     from supervisor.daemon.scheduler import Dispatcher
     from supervisor.daemon.store.database import Store
-    from supervisor.daemon.systemd import HealthBoard
     from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 
 DEADMAN_RECENT_S = 600.0  # a deadman exit this recent keeps `health` failing

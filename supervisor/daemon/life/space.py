@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import structlog
 
-from supervisor.daemon.systemd import Notifier
+from supervisor.daemon.life.systemd import Notifier
 
 log = structlog.get_logger("gpusvd.space")
 

@@ -17,15 +17,34 @@ import structlog
 
 from supervisor.core.commands import Changed
 from supervisor.core.jobs import JobState
-from supervisor.daemon import logs, shutdown
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config, ConfigError, load
-from supervisor.daemon.deadman import Deadman, abort_deadline_s
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.forensics import Forensics
 from supervisor.daemon.job_lines import JobLines
-from supervisor.daemon.parts import Parts, Phase
-from supervisor.daemon.recovery import reconcile
+from supervisor.daemon.life import log_setup as logs
+from supervisor.daemon.life import shutdown
+from supervisor.daemon.life.deadman import Deadman, abort_deadline_s
+from supervisor.daemon.life.forensics import Forensics
+from supervisor.daemon.life.parts import Parts, Phase
+from supervisor.daemon.life.recovery import reconcile
+from supervisor.daemon.life.space import wait_for_space
+from supervisor.daemon.life.startup import (
+    deadman_exit,
+    lock_state_dir,
+    parse_args,
+    pidfd_child_watcher,
+    record_previous_exit,
+    return_startup_memory,
+)
+from supervisor.daemon.life.systemd import (
+    HealthBoard,
+    Notifier,
+    StallDetector,
+    self_ping,
+    status_line,
+    watchdog_interval_s,
+    watchdog_task,
+)
 from supervisor.daemon.requests.access import Access
 from supervisor.daemon.requests.handlers import Api
 from supervisor.daemon.requests.server import Server, StartupError, connection_cap, preflight
@@ -36,26 +55,8 @@ from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.running.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.running.runner import Runner
 from supervisor.daemon.scheduler import CardsChanged, Dispatcher
-from supervisor.daemon.space import wait_for_space
-from supervisor.daemon.startup import (
-    deadman_exit,
-    lock_state_dir,
-    parse_args,
-    pidfd_child_watcher,
-    record_previous_exit,
-    return_startup_memory,
-)
 from supervisor.daemon.store.database import Store, StoreOpenError
 from supervisor.daemon.store.memory_book import MemoryBook
-from supervisor.daemon.systemd import (
-    HealthBoard,
-    Notifier,
-    StallDetector,
-    self_ping,
-    status_line,
-    watchdog_interval_s,
-    watchdog_task,
-)
 from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 from supervisor.daemon.watch.hangs import HangWatcher
 from supervisor.daemon.watch.hooks import Hooks

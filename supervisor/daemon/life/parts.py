@@ -8,8 +8,9 @@ from enum import Enum
 
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
-from supervisor.daemon.deadman import Deadman
 from supervisor.daemon.engine import Engine
+from supervisor.daemon.life.deadman import Deadman
+from supervisor.daemon.life.systemd import HealthBoard, Notifier
 from supervisor.daemon.requests.access import Access
 from supervisor.daemon.requests.handlers import Api
 from supervisor.daemon.requests.server import Server
@@ -19,7 +20,6 @@ from supervisor.daemon.running.runner import Runner
 from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
-from supervisor.daemon.systemd import HealthBoard, Notifier
 from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 from supervisor.daemon.watch.hangs import HangWatcher
 from supervisor.daemon.watch.hooks import Hooks

@@ -11,8 +11,8 @@ import structlog
 
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason
-from supervisor.daemon import leaving, reload
-from supervisor.daemon.parts import Parts, Phase
+from supervisor.daemon.life import leaving, reload
+from supervisor.daemon.life.parts import Parts, Phase
 from supervisor.daemon.running.keepers import Keepers
 
 log = structlog.get_logger("gpusvd")

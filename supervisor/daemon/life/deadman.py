@@ -29,7 +29,7 @@ import anyio.abc
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from supervisor.daemon.forensics import Forensics, WatchedAbort, fallback_report
+from supervisor.daemon.life.forensics import Forensics, WatchedAbort, fallback_report
 
 __all__ = [
     "DEADLINE_ENV",

@@ -21,7 +21,7 @@ import sdnotify
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from supervisor.daemon.forensics import thread_stacks
+from supervisor.daemon.life.forensics import thread_stacks
 
 LOOP = "loop"
 CRITICAL_SERVICES = (LOOP, "scheduler", "server", "gpu-monitor", "kernel-log")
