@@ -29,8 +29,8 @@ from supervisor.core.memkey import mem_key
 from supervisor.core.outcome import Facts
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import load
+from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine, submitted_ids
-from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
 

@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 from supervisor.core.commands import InsertJob, SaveJob, Write
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Event
-from supervisor.daemon import job_lines
-from supervisor.daemon.job_lines import JobLines
+from supervisor.daemon import event_log as job_lines
+from supervisor.daemon.event_log import JobLines
 
 
 def job(job_id: int, state: JobState = JobState.RUNNING) -> Job:

@@ -18,8 +18,8 @@ from supervisor.core.jobs import ExitStatus, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import load
+from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
 

@@ -27,7 +27,7 @@ from supervisor.core.engine import steps
 from supervisor.core.jobs import JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.job_lines import JobLines
+from supervisor.daemon.event_log import JobLines
 from supervisor.daemon.store.commit import commit, commit_later
 from supervisor.daemon.store.database import StorageError, Store
 

@@ -19,8 +19,9 @@ from supervisor.core.commands import Changed
 from supervisor.core.jobs import JobState
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config, ConfigError, load
+from supervisor.daemon.dispatcher import CardsChanged, Dispatcher
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.job_lines import JobLines
+from supervisor.daemon.event_log import JobLines
 from supervisor.daemon.life import log_setup as logs
 from supervisor.daemon.life import shutdown
 from supervisor.daemon.life.deadman import Deadman, abort_deadline_s
@@ -54,7 +55,6 @@ from supervisor.daemon.running import oom_scores as oom
 from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.running.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.running.runner import Runner
-from supervisor.daemon.scheduler import CardsChanged, Dispatcher
 from supervisor.daemon.store.database import Store, StoreOpenError
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.watch.gpu_monitor import GpuMonitor

@@ -8,6 +8,7 @@ from enum import Enum
 
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
+from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.life.deadman import Deadman
 from supervisor.daemon.life.systemd import HealthBoard, Notifier
@@ -17,7 +18,6 @@ from supervisor.daemon.requests.server import Server
 from supervisor.daemon.requests.telemetry import Telemetry
 from supervisor.daemon.running.keepers import Keepers
 from supervisor.daemon.running.runner import Runner
-from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.watch.gpu_monitor import GpuMonitor

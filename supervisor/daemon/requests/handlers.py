@@ -19,6 +19,7 @@ from supervisor.core.table import Phase, waiting_ahead
 from supervisor.daemon import views
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
+from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.requests.access import Access, forbidden
 from supervisor.daemon.requests.everyday import Verbs
@@ -26,7 +27,6 @@ from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.requests.submit_specs import job_specs
 from supervisor.daemon.requests.waiting import Ends
 from supervisor.daemon.running import output_files as joblogs
-from supervisor.daemon.scheduler import Dispatcher
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store.database import StorageError
 from supervisor.daemon.store.memory_book import MemoryBook

@@ -25,11 +25,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from supervisor.daemon.config import Config
+    from supervisor.daemon.dispatcher import Dispatcher
     from supervisor.daemon.engine import Engine
     from supervisor.daemon.life.systemd import HealthBoard
     from supervisor.daemon.requests.access import Access
     from supervisor.daemon.running.runner import Runner
-    from supervisor.daemon.scheduler import Dispatcher
     from supervisor.daemon.store.database import Store
     from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 

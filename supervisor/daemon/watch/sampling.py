@@ -30,8 +30,8 @@ from supervisor.faults.watchdog import (
 )
 
 if TYPE_CHECKING:
+    from supervisor.daemon.dispatcher import Dispatcher
     from supervisor.daemon.running.runner import Proc, Runner
-    from supervisor.daemon.scheduler import Dispatcher
     from supervisor.daemon.watch.gpu_monitor import GpuMonitor
     from supervisor.daemon.watch.hangs import HangWatcher
 
