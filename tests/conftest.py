@@ -83,6 +83,17 @@ def _no_keeper_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Ite
     assert not left, f"keepers left running: {[p.info['cmdline'] for p in left]}"
 
 
+_INTEGRATION = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration/ starts a real gpusvd or keeper: it carries the
+    `integration` marker, so that `-m "not integration"` runs the unit tests alone."""
+    for item in items:
+        if _INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:

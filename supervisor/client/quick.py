@@ -2,7 +2,7 @@
 with the connection, json and the renderer only.
 
 parse() understands only the plain spellings of these two commands' options and makes
-of them what the parser would (tests/test_client.py holds them to that); anything else
+of them what the parser would (tests/client/test_client.py holds them to that); anything else
 (help, abbreviations, --config, a value that starts with '-', a number int() refuses)
 returns None and goes to the parser. When no socket answers, run() raises NoAnswer and
 the full path tries again, so that the message about what was tried is the usual one.

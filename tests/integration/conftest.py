@@ -17,8 +17,6 @@ import pytest
 from supervisor.client.cli import Client, Unreachable
 from supervisor.gpus.allocation import ALLOCATION_VARIABLES
 
-pytestmark = pytest.mark.integration
-
 
 class Daemon:
     def __init__(self, root: Path, gpus: str | None, config: str, env: dict[str, str]) -> None:

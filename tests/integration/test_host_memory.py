@@ -358,7 +358,7 @@ def test_a_sigkill_after_another_jobs_oom_kill_is_not_taken_for_one(
     its own that did not move: it is `signal`, not `oom_killed`. (On cgroup v2 the
     daemon's counter counts its children's kills and moved for the newer job; cgroup v1
     counts each group's own, so here only the end-to-end path is checked, the rule
-    itself in tests/test_oom.py.)"""
+    itself in tests/daemon/running/test_oom_scores.py.)"""
     with memory_cgroup(300) as cgroup:
         d = daemon_inside(cgroup, make_daemon)
         older = hog(d, 20, d.root / "never", retries=0)

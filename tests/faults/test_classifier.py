@@ -22,7 +22,7 @@ from supervisor.faults.classifier import (
 )
 from supervisor.faults.nvidia import UNKNOWN_XID, XID_CATALOG, classify_xid
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
 CORPORA = ("kernel-log-corpus.tsv", "kernel-log-extra.tsv", "kernel-log-families.tsv")
 
 

@@ -35,7 +35,7 @@ from supervisor.daemon.life.forensics import (
     thread_stacks,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PATIENCE_S = 10.0  # how long a test waits for something that should take milliseconds
 
 

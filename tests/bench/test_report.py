@@ -146,9 +146,7 @@ def test_compare_runs_revisions_in_turn_each_from_its_own_tree(
     printed = capsys.readouterr().out
     imported = dict(line.split(": ", 1) for line in printed.splitlines()[:2])
     assert "/gpusv-compare-" in imported["HEAD"] and "/tree-0/" in imported["HEAD"]
-    assert imported["."] == str(
-        Path(__file__).resolve().parent.parent / "supervisor" / "__init__.py"
-    )
+    assert imported["."] == str(Path(__file__).resolve().parents[2] / "supervisor" / "__init__.py")
     assert "median HEAD: daemon" in printed and "median .: daemon" in printed
 
 

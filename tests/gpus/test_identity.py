@@ -18,8 +18,8 @@ from supervisor.gpus.base import GpuResetting, dcgm_bus_id
 from supervisor.gpus.nvml import UNKNOWN_RETRIES, NvmlBackend, NvmlUnavailable
 from supervisor.gpus.simulated import SimulatedBackend, parse_spec
 from supervisor.gpus.visibility import identify
-from tests.test_gpus_amd import add_amd_card
-from tests.test_gpus_nvml import FakeDevice, FakeNvml
+from tests.gpus.test_amd import add_amd_card
+from tests.gpus.test_nvml import FakeDevice, FakeNvml
 
 UUIDS = [f"GPU-{i}{i}{i}{i}aaaa-0000-4000-8000-00000000000{i}" for i in range(3)]
 

@@ -32,7 +32,7 @@ from supervisor.daemon.life.systemd import (
     watchdog_task,
 )
 
-UNIT = Path(__file__).resolve().parents[1] / "systemd" / "gpusvd.service"
+UNIT = Path(__file__).resolve().parents[3] / "systemd" / "gpusvd.service"
 PATIENCE_S = 10.0
 
 

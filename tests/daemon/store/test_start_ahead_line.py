@@ -14,8 +14,7 @@ from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
 from supervisor.core.jobs import JobSpec
 from supervisor.daemon.store.database import Store
-
-from .test_jobqueue import Machine, spec
+from tests.daemon.test_dispatcher import Machine, spec
 
 KEY = "k"  # spec()'s memory key
 

@@ -27,7 +27,7 @@ from supervisor.daemon.config import (
     WatchdogConfig,
 )
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 USER_ENV = {"HOME": "/home/ann", "XDG_RUNTIME_DIR": "/run/user/1000"}
 GIB = 1024**3
 

@@ -9,8 +9,7 @@ from supervisor.core.engine import step
 from supervisor.core.jobs import ExitStatus, FailureReason, JobState
 from supervisor.core.outcome import Facts
 from supervisor.core.table import Phase, Table, waiting_ahead
-
-from .test_engine_steps import HANG, ISO, run, running, spec
+from tests.core.test_engine_steps import HANG, ISO, run, running, spec
 
 LATER = c.Now(1_700_000_030.0, 530.0)
 LATER_ISO = "2023-11-14T22:13:50.000Z"

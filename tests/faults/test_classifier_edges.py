@@ -13,7 +13,7 @@ from supervisor.faults.classifier import (
     message_of,
     normalize_bus_id,
 )
-from tests.test_classifier import CORPORA, _rows
+from tests.faults.test_classifier import CORPORA, _rows
 
 
 def test_the_whole_corpus_in_file_order() -> None:

@@ -17,7 +17,7 @@ from supervisor.faults.records import KernelLine
 from supervisor.gpus.composite import CompositeBackend
 from supervisor.gpus.nvml import NvmlBackend
 from supervisor.gpus.nvml_events import xid_event_lines, xid_event_sources, xid_line
-from tests.test_gpus_nvml import FakeDevice, FakeNvml
+from tests.gpus.test_nvml import FakeDevice, FakeNvml
 
 WAIT_S = 20.0
 

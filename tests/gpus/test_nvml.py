@@ -16,7 +16,7 @@ from supervisor.gpus import GpuError, GpuLost, bus_id_key, normalize_bus_id
 from supervisor.gpus.amd import AmdBackend
 from supervisor.gpus.composite import CompositeBackend
 from supervisor.gpus.nvml import NvmlBackend, NvmlUnavailable, as_text, translate
-from tests.test_gpus_amd import add_amd_card
+from tests.gpus.test_amd import add_amd_card
 
 MIB = 1024 * 1024
 
