@@ -47,7 +47,8 @@ ProgressTracker(None, 0.0).on_output("step 1\\n", 1.0)
 
 def test_each_is_loaded_by_what_uses_it() -> None:
     code = """
-from supervisor.daemon.watch.metrics import Metrics, Snapshot
+from supervisor.daemon.watch.metrics import Metrics
+from supervisor.daemon.watch.metrics_snapshot import Snapshot
 from supervisor.faults.watchdog import ProgressTracker
 assert "gpusv_jobs" in Metrics().render(Snapshot())
 ProgressTracker(r"step (\\d+)", 0.0)

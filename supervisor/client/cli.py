@@ -70,9 +70,9 @@ def _sockets(a: argparse.Namespace) -> list[Path]:
     if flag is None and config is not None:
         from pathlib import Path
 
-        from supervisor.daemon.config import load  # only then: the full config costs time
+        from supervisor.wire.locations import config_socket
 
-        flag = str(load(Path(config), uid=os.geteuid()).socket)
+        flag = config_socket(Path(config))
     return client_sockets(flag, os.environ, os.geteuid())
 
 

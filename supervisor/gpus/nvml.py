@@ -10,7 +10,7 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -26,9 +26,6 @@ from supervisor.gpus.base import (
 )
 from supervisor.gpus.probing import DEFAULT_DEADLINE_S, Pending, Prober
 from supervisor.gpus.visibility import visibility_env
-
-if TYPE_CHECKING:
-    from supervisor.gpus.nvml_events import XidEvents
 
 log = structlog.get_logger(__name__)
 
@@ -154,13 +151,12 @@ class NvmlBackend:
     def query(self, index: int) -> GpuInfo:
         return _with_index(self._read(self._nvml_index(index)), index)
 
-    def xid_events(self) -> XidEvents:
-        """NVML's Xid events of the cards opened so far (see nvml_events)."""
-        from supervisor.gpus.nvml_events import XidEvents  # it imports this module
-
+    def event_handles(self) -> tuple[Any, list[Any]]:
+        """The NVML module and the handles of the cards opened so far: what an Xid event
+        set is made of (nvml_events.xid_events)."""
         with self._lock:
             handles = [c.handle for c in self._cards.values() if c.handle is not None]
-        return XidEvents(self._nvml, handles)
+        return self._nvml, handles
 
     def process_vram_mb(self, index: int) -> dict[int, int]:
         card = self._identified(self._nvml_index(index))

@@ -23,7 +23,7 @@ import structlog
 
 from supervisor.faults.records import KernelLine
 from supervisor.gpus.base import normalize_bus_id
-from supervisor.gpus.nvml import as_text, error_code, pynvml_module
+from supervisor.gpus.nvml import NvmlBackend, as_text, error_code, pynvml_module
 
 log = structlog.get_logger(__name__)
 WAIT_MS = 1000
@@ -110,15 +110,20 @@ def xid_event_sources(backend: object) -> list[XidEvents]:
     """One XidEvents per NVML backend inside `backend` (wrappers and composites opened)."""
     from supervisor.gpus.allocation import AllocatedBackend
     from supervisor.gpus.composite import CompositeBackend
-    from supervisor.gpus.nvml import NvmlBackend
 
     if isinstance(backend, AllocatedBackend):
         return xid_event_sources(backend.inner)
     if isinstance(backend, CompositeBackend):
         return [e for b in backend.backends for e in xid_event_sources(b)]
     if isinstance(backend, NvmlBackend):
-        return [backend.xid_events()]
+        return [xid_events(backend)]
     return []
+
+
+def xid_events(backend: NvmlBackend) -> XidEvents:
+    """NVML's Xid events of the cards the backend has opened so far."""
+    nvml, handles = backend.event_handles()
+    return XidEvents(nvml, handles)
 
 
 async def xid_event_lines(events: XidEvents) -> AsyncGenerator[KernelLine, None]:

@@ -64,3 +64,21 @@ def config_path(flag: str | os.PathLike[str] | None, env: Mapping[str, str]) -> 
     if env.get(CONFIG_ENV):
         return Path(env[CONFIG_ENV])
     return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None
+
+
+def config_socket(path: Path) -> str | None:
+    """The `socket` key of a gpusvd config file, for a client given `--config`: TOML read
+    with the standard library alone, so that the client never loads the daemon's config
+    code. The daemon validates the rest of the file; the client needs only this key."""
+    import tomllib
+
+    from supervisor.wire.sizes import ConfigError
+
+    try:
+        with path.open("rb") as f:
+            value = tomllib.load(f).get("socket")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{path}: socket: expected a path string")
+    return value

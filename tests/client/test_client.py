@@ -26,7 +26,7 @@ from supervisor.client.submitting import (
 )
 from supervisor.daemon.running import output_files as joblogs
 from supervisor.wire.durations import duration_text, parse_duration
-from supervisor.wire.locations import SYSTEM_SOCKET, client_sockets, config_path
+from supervisor.wire.locations import SYSTEM_SOCKET, client_sockets, config_path, config_socket
 from supervisor.wire.sizes import ConfigError
 
 
@@ -291,3 +291,22 @@ def test_stamps_read_without_datetime(stamp: str) -> None:
 
     expected = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
     assert epoch_of(stamp) == pytest.approx(expected)
+
+
+def test_a_config_file_gives_the_client_its_socket_and_a_bad_one_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('socket = "/run/elsewhere/gpusvd.sock"\ncpu_slots = 2\n')
+    assert config_socket(good) == "/run/elsewhere/gpusvd.sock"
+    none = tmp_path / "none.toml"
+    none.write_text("cpu_slots = 2\n")
+    assert config_socket(none) is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text("socket = [1]\n")
+    with pytest.raises(ConfigError, match="socket"):
+        config_socket(bad)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("socket = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config_socket(broken)

@@ -16,7 +16,7 @@ from supervisor.faults.merge import XidMerger, attributed_bus, feed, xid_key
 from supervisor.faults.records import KernelLine
 from supervisor.gpus.composite import CompositeBackend
 from supervisor.gpus.nvml import NvmlBackend
-from supervisor.gpus.nvml_events import xid_event_lines, xid_event_sources, xid_line
+from supervisor.gpus.nvml_events import xid_event_lines, xid_event_sources, xid_events, xid_line
 from tests.gpus.test_nvml import FakeDevice, FakeNvml
 
 WAIT_S = 20.0
@@ -104,7 +104,7 @@ async def test_event_lines_arrive_on_the_loop_and_stop_with_it() -> None:
     fake = EventingNvml(cards())
     backend = NvmlBackend(fake)
     backend.discover()
-    events = backend.xid_events()
+    events = xid_events(backend)
     lines = xid_event_lines(events)
     fake.fire(fake.devices[0], 79)
     with anyio.fail_after(WAIT_S):
@@ -155,7 +155,7 @@ def test_no_card_registered_returns_at_once(unsupported: set[int]) -> None:
     fake = EventingNvml(cards(), unsupported=unsupported)
     backend = NvmlBackend(fake)
     backend.discover()
-    events = backend.xid_events()
+    events = xid_events(backend)
     events.run(lambda text: None)
     assert events.registered == 0 and fake.freed
 

@@ -57,6 +57,7 @@ from supervisor.daemon.running.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.running.runner import Runner
 from supervisor.daemon.store.database import Store, StoreOpenError
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.daemon.watch.gpu_handover import handover_signals
 from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 from supervisor.daemon.watch.hangs import HangWatcher
 from supervisor.daemon.watch.hooks import Hooks
@@ -250,6 +251,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             await tg.start(parts.runner.run)
             await tg.start(parts.dispatcher.run)
             await tg.start(parts.monitor.run)
+            tg.start_soon(handover_signals, parts.monitor)
             await tg.start(parts.hangs.run)
             sampler = Sampler(
                 parts.cfg, parts.engine, parts.runner, parts.dispatcher, parts.monitor, parts.hangs

@@ -18,7 +18,8 @@ from supervisor.core.table import waiting_ahead
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.running import output_files as joblogs
-from supervisor.daemon.watch.metrics import CardSample, HostSample, Metrics, Snapshot
+from supervisor.daemon.watch.metrics import Metrics
+from supervisor.daemon.watch.metrics_snapshot import CardSample, HostSample, Snapshot
 from supervisor.gpus.health import card_problems
 
 if TYPE_CHECKING:

@@ -17,7 +17,6 @@ import structlog
 
 from supervisor.core.admission import Card
 from supervisor.daemon.clock import monotonic
-from supervisor.daemon.watch.gpu_handover import handover_signals
 from supervisor.gpus.allocation import describe_allocation
 from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost, GpuResetting
 from supervisor.gpus.health import placeable
@@ -153,7 +152,6 @@ class GpuMonitor:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(handover_signals, self)
             task_status.started()
             while True:
                 self.beat()

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from supervisor.core.jobs import FailureReason, JobState
-from supervisor.daemon.watch.metrics import (
+from supervisor.daemon.watch.metrics_snapshot import (
     CARD_LABELS,
     HOLD_REASONS,
     LATENCY_BUCKETS,

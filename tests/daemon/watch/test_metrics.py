@@ -8,16 +8,15 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.core.jobs import Job, JobSpec, JobState
-from supervisor.daemon.watch.metrics import (
+from supervisor.daemon.watch.metrics import Metrics, split_listen
+from supervisor.daemon.watch.metrics_render import families
+from supervisor.daemon.watch.metrics_snapshot import (
     LATENCY_BUCKETS,
     MIB,
     CardSample,
     HostSample,
-    Metrics,
     Snapshot,
-    split_listen,
 )
-from supervisor.daemon.watch.metrics_render import families
 
 CARD = CardSample(
     index=0,
