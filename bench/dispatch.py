@@ -33,6 +33,7 @@ from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.daemon.watch.memory import available_mb, read_meminfo
 
 from .harness import summary
 
@@ -65,7 +66,16 @@ def _scheduler(root: Path, store: Store) -> Dispatcher:
     book = MemoryBook(store, broker, cfg.host_memory.margin)
     cards = [admission.Card(i, 24_576, 0, True, ()) for i in range(2)]
     cfg = dataclasses.replace(cfg, cpu_slots=2)
-    return Dispatcher(cfg, engine, book, broker, cards=lambda: cards, rss_mb=lambda _: 0)
+    return Dispatcher(
+        cfg,
+        engine,
+        book,
+        broker,
+        cards=lambda: cards,
+        rss_mb=lambda _: 0,
+        mem_total_mb=read_meminfo().total_mb,
+        available_mb=available_mb,
+    )
 
 
 async def _submit(sched: Dispatcher, specs: list[JobSpec]) -> list[int]:

@@ -26,7 +26,6 @@ from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.store.memory_book import MemoryBook
-from supervisor.daemon.watch.memory import available_mb, read_meminfo
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 SHORT_KINDS = 4096  # kinds of job whose last run time is remembered, most recent first
@@ -46,6 +45,8 @@ class Dispatcher:
         *,
         cards: Callable[[], list[admission.Card]],
         rss_mb: Callable[[int], int],
+        mem_total_mb: int,
+        available_mb: Callable[[], int],
         uuids_of: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda _cards: (),
         beat: Callable[[], None] = lambda: None,
         can_follow: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
@@ -67,8 +68,8 @@ class Dispatcher:
         self._claimed: dict[int, admission.RunningJob] = {}  # this round's claims ahead
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
-        total = read_meminfo().total_mb
-        self.mem_total_mb = total
+        self.available_mb = available_mb  # MemAvailable, read at each pass
+        total = self.mem_total_mb = mem_total_mb
         self.limit_mb = cfg.host_memory.limit_mb(total)
         self.reserve_mb = cfg.host_memory.reserve.resolve(total)
         broker.subscribe(Changed, self._changed)
@@ -154,7 +155,7 @@ class Dispatcher:
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
             limit_mb=self.limit_mb,
-            available_mb=available_mb(),
+            available_mb=self.available_mb(),
             reserve_mb=self.reserve_mb,
         )
 

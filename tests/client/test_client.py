@@ -24,7 +24,7 @@ from supervisor.client.submitting import (
     exit_status,
     parse_after,
 )
-from supervisor.daemon.running import output_files as joblogs
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.wire.durations import duration_text, parse_duration
 from supervisor.wire.locations import SYSTEM_SOCKET, client_sockets, config_path, config_socket
 from supervisor.wire.sizes import ConfigError

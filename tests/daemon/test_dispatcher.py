@@ -22,6 +22,7 @@ from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.daemon.watch.memory import available_mb, read_meminfo
 
 # Host RAM is read from the machine in the daemon; here it is fixed, so that what fits is
 # the same on any machine: 89 000 MB free for new jobs while nothing is booked.
@@ -72,7 +73,14 @@ class Machine:
         book = MemoryBook(store, broker, 0.0)
         all_cards = [admission.Card(i, CARD_MB[i], 0, True, ()) for i in range(cards)]
         self.sched = Dispatcher(
-            cfg, self.engine, book, broker, cards=lambda: all_cards, rss_mb=lambda _: 0
+            cfg,
+            self.engine,
+            book,
+            broker,
+            cards=lambda: all_cards,
+            rss_mb=lambda _: 0,
+            mem_total_mb=read_meminfo().total_mb,
+            available_mb=available_mb,
         )
         self.sched.host = lambda: HOST  # type: ignore[method-assign]
         self.table = self.engine.table

@@ -33,6 +33,7 @@ from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.daemon.watch.memory import available_mb, read_meminfo
 from supervisor.gpus.base import dcgm_bus_id
 from supervisor.gpus.simulated import simulated_uuid
 
@@ -375,7 +376,16 @@ async def test_no_dispatch_pass_starts_a_job_before_its_parents_are_known(
     broker = Broker()
     engine = Engine(store, broker)
     book = MemoryBook(store, broker, 0.0)
-    sched = Dispatcher(cfg, engine, book, broker, cards=list, rss_mb=lambda _: 0)
+    sched = Dispatcher(
+        cfg,
+        engine,
+        book,
+        broker,
+        cards=list,
+        rss_mb=lambda _: 0,
+        mem_total_mb=read_meminfo().total_mb,
+        available_mb=available_mb,
+    )
     spec = JobSpec(argv=("true",), cwd="/", env={}, owner_uid=0, owner_gid=0, gpus=0)
     async with anyio.create_task_group() as tg:
         await tg.start(store.run_writer)

@@ -66,7 +66,7 @@ def test_a_stop_drains_running_jobs(make_daemon: Callable[..., Daemon], tmp_path
 def test_a_stop_leaves_no_cgroup_of_its_keepers_behind(make_daemon: Callable[..., Daemon]) -> None:
     """Where no systemd trims the unit's tree after a stop (a shell, a container), the
     keepers let go by the drain remove their roots, and the daemon then its group."""
-    from supervisor.daemon.running.cgroups import keeper_roots
+    from supervisor.daemon.cgroups import keeper_roots
     from supervisor.daemon.running.keepers import cgroup_tag
 
     d = make_daemon(gpus="1x8G", config="cpu_slots = 1\n")
@@ -85,7 +85,7 @@ def test_a_stop_leaves_no_cgroup_of_its_keepers_behind(make_daemon: Callable[...
 def test_a_stop_leaves_a_group_that_holds_something_else_in_place_and_says_so(
     make_daemon: Callable[..., Daemon],
 ) -> None:
-    from supervisor.daemon.running.cgroups import keeper_roots
+    from supervisor.daemon.cgroups import keeper_roots
     from supervisor.daemon.running.keepers import cgroup_tag
 
     d = make_daemon(gpus="1x8G")

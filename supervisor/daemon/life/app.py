@@ -17,6 +17,7 @@ import structlog
 
 from supervisor.core.commands import Changed
 from supervisor.core.jobs import JobState
+from supervisor.daemon import cgroups
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config, ConfigError, load
 from supervisor.daemon.dispatcher import CardsChanged, Dispatcher
@@ -38,7 +39,6 @@ from supervisor.daemon.life.startup import (
     return_startup_memory,
 )
 from supervisor.daemon.life.systemd import (
-    HealthBoard,
     Notifier,
     StallDetector,
     self_ping,
@@ -46,22 +46,22 @@ from supervisor.daemon.life.systemd import (
     watchdog_interval_s,
     watchdog_task,
 )
+from supervisor.daemon.liveness import HealthBoard
 from supervisor.daemon.requests.access import Access
 from supervisor.daemon.requests.handlers import Api
 from supervisor.daemon.requests.server import Server, StartupError, connection_cap, preflight
 from supervisor.daemon.requests.telemetry import Telemetry
-from supervisor.daemon.running import cgroups
 from supervisor.daemon.running import oom_scores as oom
-from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.running.keepers import Keepers, cgroup_tag, keeper_name
 from supervisor.daemon.running.runner import Runner
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.store.database import Store, StoreOpenError
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.watch.gpu_handover import handover_signals
 from supervisor.daemon.watch.gpu_monitor import GpuMonitor
 from supervisor.daemon.watch.hangs import HangWatcher
 from supervisor.daemon.watch.hooks import Hooks
-from supervisor.daemon.watch.memory import read_meminfo
+from supervisor.daemon.watch.memory import available_mb, read_meminfo
 from supervisor.daemon.watch.sampling import Sampler
 from supervisor.gpus import GpuError, open_backend
 from supervisor.gpus.nvml_events import nvml_xid_sources
@@ -124,12 +124,13 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
     broker.subscribe(
         Changed, lambda ev: monitor.poke() if ev.new.state is JobState.RUNNING else None
     )
+    mem_total_mb = read_meminfo().total_mb  # capped at our cgroup's limit, read once
     hangs = HangWatcher(
         cfg,
         engine,
         broker,
         monitor,
-        mem_total_mb=read_meminfo().total_mb,
+        mem_total_mb=mem_total_mb,
         beat=lambda: board.beat("kernel-log", time.monotonic()),
         more_sources=lambda: nvml_xid_sources(monitor.backend),
     )
@@ -151,6 +152,8 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         broker,
         cards=monitor.admission_cards,
         rss_mb=runner.rss_mb,
+        mem_total_mb=mem_total_mb,
+        available_mb=available_mb,
         uuids_of=monitor.uuids_of,
         beat=lambda: board.beat("scheduler", time.monotonic()),
         can_follow=lambda cards: keepers.can(keeper_name(cards), "after"),

@@ -11,7 +11,8 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.dispatcher import Dispatcher
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.life.deadman import Deadman
-from supervisor.daemon.life.systemd import HealthBoard, Notifier
+from supervisor.daemon.life.systemd import Notifier
+from supervisor.daemon.liveness import HealthBoard
 from supervisor.daemon.requests.access import Access
 from supervisor.daemon.requests.handlers import Api
 from supervisor.daemon.requests.server import Server

@@ -12,7 +12,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -22,6 +21,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from supervisor.daemon.life.forensics import thread_stacks
+from supervisor.daemon.liveness import HealthBoard
 
 LOOP = "loop"
 CRITICAL_SERVICES = (LOOP, "scheduler", "server", "gpu-monitor", "kernel-log")
@@ -98,52 +98,6 @@ def watchdog_interval_s(env: Mapping[str, str], *, pid: int | None = None) -> fl
         except ValueError:
             return None
     return usec / 2_000_000
-
-
-@dataclass
-class _Service:
-    period_s: float
-    last: float | None
-
-
-class HealthBoard:
-    """Which services have checked in lately; times are `time.monotonic()` seconds."""
-
-    def __init__(self) -> None:
-        self._services: dict[str, _Service] = {}
-
-    def register(self, name: str, period_s: float, now: float | None = None) -> None:
-        """A service that must beat at least every `period_s`; `now` grants a first period."""
-        if not period_s > 0:
-            raise ValueError(f"{name}: period must be positive, got {period_s!r}")
-        self._services[name] = _Service(period_s, now)
-
-    def unregister(self, name: str) -> None:
-        self._services.pop(name, None)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._services
-
-    def beat(self, name: str, now: float) -> None:
-        try:
-            self._services[name].last = now
-        except KeyError:
-            raise KeyError(f"health board: {name!r} was never registered") from None
-
-    def last_beats(self) -> dict[str, float | None]:
-        """Each service's last check-in (monotonic), None before its first."""
-        return {name: svc.last for name, svc in self._services.items()}
-
-    def stale(self, now: float) -> list[str]:
-        """Services that have not beaten within their period (never-beaten ones included)."""
-        return sorted(
-            name
-            for name, svc in self._services.items()
-            if svc.last is None or now - svc.last > svc.period_s
-        )
-
-    def healthy(self, now: float) -> bool:
-        return not self.stale(now)
 
 
 def status_line(

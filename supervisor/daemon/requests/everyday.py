@@ -19,8 +19,8 @@ import anyio
 from supervisor.core.commands import Cancel, HoldJob
 from supervisor.core.jobs import Job, JobState
 from supervisor.daemon.clock import now_iso
-from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.store import job_queries as jobrows
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.store.writer import StorageError, storage_reason
 from supervisor.wire import protocol
 from supervisor.wire.protocol import Clean, JobRef, ProtocolError

@@ -26,8 +26,8 @@ from supervisor.daemon.requests.everyday import Verbs
 from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.requests.submit_specs import job_specs
 from supervisor.daemon.requests.waiting import Ends
-from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.store import job_queries as jobrows
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.store.database import StorageError
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.wire import protocol

@@ -17,7 +17,7 @@ from supervisor.core.jobs import Job, JobState
 from supervisor.core.table import waiting_ahead
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.requests.server import Peer
-from supervisor.daemon.running import output_files as joblogs
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.watch.metrics import Metrics
 from supervisor.daemon.watch.metrics_snapshot import CardSample, HostSample, Snapshot
 from supervisor.gpus.health import card_problems
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from supervisor.daemon.config import Config
     from supervisor.daemon.dispatcher import Dispatcher
     from supervisor.daemon.engine import Engine
-    from supervisor.daemon.life.systemd import HealthBoard
+    from supervisor.daemon.liveness import HealthBoard
     from supervisor.daemon.requests.access import Access
     from supervisor.daemon.running.runner import Runner
     from supervisor.daemon.store.database import Store

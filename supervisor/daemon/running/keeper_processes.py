@@ -17,7 +17,7 @@ def abandon(state_dir: Path) -> None:
     """Kill every keeper of `state_dir` and every job they hold, and remove their cgroups:
     for whoever throws a whole state dir away (the benchmark, tests). A daemon never
     calls this: its keepers are meant to outlive it."""
-    from supervisor.daemon.running.cgroups import keeper_roots
+    from supervisor.daemon.cgroups import keeper_roots
     from supervisor.keeper import cgroup
 
     # By their command line, not their sockets: a keeper that a killed daemon was still

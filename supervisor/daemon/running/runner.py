@@ -29,11 +29,11 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running import oom_scores as oom
-from supervisor.daemon.running import output_files as joblogs
 from supervisor.daemon.running.ahead import Ahead, answers, behind
 from supervisor.daemon.running.handles import KeptProcess, kill_through
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Record

@@ -20,10 +20,10 @@ from supervisor.core.jobs import ExitStatus, FailureReason
 from supervisor.core.oom import oom_source
 from supervisor.core.records import Attempt
 from supervisor.daemon.broker import Broker
+from supervisor.daemon.cgroups import oom_kill_count, own_memory_cgroup
 from supervisor.daemon.clock import iso_from_epoch, now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.running.cgroups import oom_kill_count, own_memory_cgroup
 from supervisor.daemon.watch.memory import read_meminfo
 from supervisor.faults.classifier import Classification, Classifier, FaultClass
 from supervisor.faults.merge import attributed_bus, feed

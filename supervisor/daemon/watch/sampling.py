@@ -19,7 +19,7 @@ from supervisor.core.oom import squeeze_victims
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
-from supervisor.daemon.running import output_files as joblogs
+from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.watch.memory import TreeSampler, read_meminfo
 from supervisor.faults.cputime import cpu_seconds
 from supervisor.faults.watchdog import (

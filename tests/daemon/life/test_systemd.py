@@ -24,13 +24,13 @@ from structlog.testing import CapturedCall, CapturingLogger
 
 from supervisor.daemon.life.systemd import (
     LOOP,
-    HealthBoard,
     Notifier,
     StallDetector,
     status_line,
     watchdog_interval_s,
     watchdog_task,
 )
+from supervisor.daemon.liveness import HealthBoard
 
 UNIT = Path(__file__).resolve().parents[3] / "systemd" / "gpusvd.service"
 PATIENCE_S = 10.0

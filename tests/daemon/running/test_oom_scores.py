@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.core import oom as ranking
-from supervisor.daemon.running import cgroups
+from supervisor.daemon import cgroups
 from supervisor.daemon.running import oom_scores as oom
 from supervisor.keeper.cgroup import parse_oom_kill
 
