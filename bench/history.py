@@ -1,4 +1,4 @@
-"""A state directory with N finished jobs, written through the Store API before a daemon
+"""A state directory with N finished jobs, written through the engine's commit before a daemon
 starts on it: the rows are those the daemon writes for a `true` that succeeded (the job,
 one ended attempt, the submitted/started/exited events), in a fraction of the time that
 running N jobs would take."""
@@ -11,15 +11,18 @@ from pathlib import Path
 
 import anyio
 
+from supervisor.core.commands import InsertJob, SaveJob
 from supervisor.core.jobs import Job, JobSpec, JobState, transition
 from supervisor.core.memkey import mem_key
+from supervisor.core.records import Attempt, Event
 from supervisor.daemon.clock import now_iso
-from supervisor.daemon.store.database import Attempt, Event, Store
+from supervisor.daemon.store.commit import commit, next_job_id
+from supervisor.daemon.store.database import Store
 
 CHUNK = 10_000
 
 
-async def _finish(store: Store, job: Job, at: str) -> None:
+def _finished(job: Job, at: str) -> SaveJob:
     attempt = Attempt(
         job_id=job.id,
         n=1,
@@ -34,7 +37,7 @@ async def _finish(store: Store, job: Job, at: str) -> None:
     running = transition(job, JobState.RUNNING, at, gpus=(0,), attempts=1)
     done = transition(running, JobState.SUCCEEDED, at, None, exit_code=0)
     events = [Event("started", "attempt 1 on GPUs 0", {"gpus": [0]}), Event("exited", "exited 0")]
-    await store.save(done, at, events, new_attempt=attempt)
+    return SaveJob(done, at, tuple(events), new_attempt=attempt)
 
 
 async def _write(state_dir: Path, jobs: int) -> None:
@@ -51,12 +54,14 @@ async def _write(state_dir: Path, jobs: int) -> None:
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(store.run_writer)
+            next_id = await next_job_id(store)
             for start in range(0, jobs, CHUNK):
                 at = now_iso()
-                ids = await store.insert_jobs([spec] * min(CHUNK, jobs - start), at)
-                async with anyio.create_task_group() as saves:  # one group commit
-                    for job_id in ids:
-                        saves.start_soon(_finish, store, Job(id=job_id, spec=spec), at)
+                count = min(CHUNK, jobs - start)
+                batch = [Job(id=next_id + i, spec=spec, submitted_at=at) for i in range(count)]
+                next_id += count
+                await commit(store, [InsertJob(job) for job in batch])
+                await commit(store, [_finished(job, at) for job in batch])
             tg.cancel_scope.cancel()
     finally:
         await store.close()

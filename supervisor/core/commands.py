@@ -135,6 +135,16 @@ class Recover:
     adopted: dict[int, tuple[int, float | None]] = field(default_factory=dict)
     projections: dict[int, Projection | None] = field(default_factory=dict)  # adopted jobs'
     vram_reserved: dict[int, int] = field(default_factory=dict)
+    # Open attempts of jobs no longer active (the daemon died between an attempt's end and
+    # its job's): closed `interrupted`, so that no attempt stays open for ever.
+    orphans: tuple[Attempt, ...] = ()
+
+
+@dataclass(frozen=True)
+class Forget:
+    """`gpusv clean`: finished jobs the store found, to be marked cleaned."""
+
+    ids: tuple[int, ...]
 
 
 Command = (
@@ -150,6 +160,7 @@ Command = (
     | Progress
     | HoldJob
     | Recover
+    | Forget
 )
 
 
@@ -181,7 +192,20 @@ class RecordHang:
     row: dict[str, Any]
 
 
-Write = InsertJob | SaveJob | SetPid | RecordHang
+@dataclass(frozen=True)
+class CloseAttempt:
+    """An attempt ended without a change to its job (see Recover.orphans)."""
+
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class MarkCleaned:
+    ids: tuple[int, ...]
+    at: str
+
+
+Write = InsertJob | SaveJob | SetPid | RecordHang | CloseAttempt | MarkCleaned
 
 
 # ---- actions ----------------------------------------------------------------------------

@@ -20,11 +20,22 @@ from supervisor.core.records import Attempt, Event
 from supervisor.core.table import Changes, Live, Table
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a client's command did to one job, decided in the engine's turn: the client is
+    told this, never what the shell guessed before the turn (the job may have ended while
+    the command waited for it)."""
+
+    ok: bool
+    text: str  # "cancelled", "cancelling", "held", "released", or why not
+
+
 @dataclass
 class Step:
     changes: Changes = field(default_factory=Changes)
     writes: list[Write] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # job id -> for the client
 
 
 class Draft:
@@ -73,6 +84,8 @@ class Draft:
         self.c.rewaited.add(job_id)
         if job_id in self.c.settle:
             self.c.settle = [i for i in self.c.settle if i != job_id]
+        if job_id in self.c.settle_array:
+            self.c.settle_array = [i for i in self.c.settle_array if i != job_id]
 
     def held_since(self, job_id: int) -> float | None:
         if job_id in self.c.held_since or job_id in self.c.left:

@@ -17,13 +17,16 @@ from supervisor.core.commands import (
     AttemptEnded,
     Cancel,
     Changed,
+    CloseAttempt,
     Command,
     Dispatch,
     Ended,
+    Forget,
     HangSeen,
     HoldJob,
     InsertJob,
     Kill,
+    MarkCleaned,
     Now,
     ProcessStarted,
     Progress,
@@ -37,7 +40,7 @@ from supervisor.core.commands import (
     Stop,
     Submit,
 )
-from supervisor.core.draft import Draft, Step
+from supervisor.core.draft import Draft, Step, Verdict
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
@@ -74,6 +77,12 @@ def _dispatch(d: Draft, cmd: Dispatch) -> None:
     for start in cmd.starts:
         _claim(d, start, cmd)
     d.c.settle += [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
+    d.c.settle_array += [h.job_id for h in cmd.holds if h.reason == "array" and _queued(d, h)]
+
+
+def _queued(d: Draft, hold: Hold) -> bool:
+    job = d.job(hold.job_id)
+    return job is not None and job.state is JobState.QUEUED
 
 
 def _settles(job: Job | None, hold: Hold, full: frozenset[str]) -> bool:
@@ -221,14 +230,18 @@ def _stop(
 
 
 def _cancel(d: Draft, cmd: Cancel) -> None:
+    """A queued job ends cancelled now; a running one is stopped and ends cancelled once
+    its processes are gone. A job not in the table has ended already: no verdict."""
     job = d.job(cmd.job_id)
     if job is None:
         return
     if job.state is JobState.QUEUED:
         cancelled = transition(job, JobState.CANCELLED, d.now.iso, FailureReason.CANCELLED)
         d.put(cancelled, Event("cancelled", "cancelled while queued"))
+        d.out.verdicts[job.id] = Verdict(True, "cancelled")
     elif job.state is JobState.RUNNING:
         _stop(d, job.id, FailureReason.CANCELLED, None, None)
+        d.out.verdicts[job.id] = Verdict(True, "cancelling")
 
 
 def _reclassify(d: Draft, cmd: Reclassify) -> None:
@@ -278,11 +291,26 @@ def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
     d.out.actions.append(Changed(None, job))
 
 
+def hold_refusal(job: Job, hold: bool) -> str | None:
+    """Why `hold` (or `release`) does not apply to this job, or None."""
+    if job.state is not JobState.QUEUED:
+        return f"is {job.state.value}; only a queued job can be {'held' if hold else 'released'}"
+    if job.held == hold:
+        return "is already held" if hold else "is not held"
+    return None
+
+
 def _hold_job(d: Draft, cmd: HoldJob) -> None:
-    """Hold or release a queued job: it keeps its place; while held it does not start."""
+    """Hold or release a queued job: it keeps its place; while held it does not start.
+    A job not in the table has ended already: no verdict."""
     job = d.job(cmd.job_id)
-    if job is None or job.state is not JobState.QUEUED or job.held == cmd.held:
+    if job is None:
         return
+    why = hold_refusal(job, cmd.held)
+    if why is not None:
+        d.out.verdicts[job.id] = Verdict(False, why)
+        return
+    d.out.verdicts[job.id] = Verdict(True, "held" if cmd.held else "released")
     note = f"held (gpusv release {job.id})" if cmd.held else None
     if not cmd.held and d.pending(job.id):  # back to waiting for its parents
         parents = ", ".join(map(str, sorted(d.pending(job.id) or ())))
@@ -324,6 +352,16 @@ def _recover(d: Draft, cmd: Recover) -> None:
     for job in cmd.jobs:
         if job.spec.after:
             d.track(d.job(job.id) or job, cmd.ended_parents)
+    reason = FailureReason.INTERRUPTED.value
+    for orphan in cmd.orphans:
+        d.out.writes.append(CloseAttempt(replace(orphan, ended_at=d.now.iso, reason=reason)))
+
+
+def _forget(d: Draft, cmd: Forget) -> None:
+    """Finished jobs leave `list`; an active one is never forgotten."""
+    ids = tuple(i for i in cmd.ids if d.job(i) is None)
+    if ids:
+        d.out.writes.append(MarkCleaned(ids, d.now.iso))
 
 
 def step(table: Table, cmd: Command, now: Now) -> Step:
@@ -367,3 +405,5 @@ def _one(d: Draft, cmd: Command) -> None:
             _hold_job(d, cmd)
         case Recover():
             _recover(d, cmd)
+        case Forget():
+            _forget(d, cmd)

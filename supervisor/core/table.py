@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from supervisor.core.jobqueue import DEVICE_HOLD, JobQueue, kind_of
+from supervisor.core.jobqueue import JobQueue
 from supervisor.core.jobs import FailureReason, Job, JobState
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
 
 if TYPE_CHECKING:
-    from supervisor.core.admission import Hold
+    pass
 
 
 class Phase(StrEnum):
@@ -77,6 +77,7 @@ class Changes:
     pending: dict[int, frozenset[int] | None] = field(default_factory=dict)
     dependents: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
     settle: list[int] = field(default_factory=list)  # held for a device none of was free
+    settle_array: list[int] = field(default_factory=list)  # held by their array's cap
     left: set[int] = field(default_factory=set)  # left the queue (it may be back): a new wait
     rewaited: set[int] = field(default_factory=set)  # its wait changed: not settled
     seq: int | None = None
@@ -125,6 +126,9 @@ class Table:
         settle = [self.jobs[i] for i in c.settle if self._queued(i)]
         if settle:
             self.queue.settle(settle, self.held_since)
+        capped = [self.jobs[i] for i in c.settle_array if self._queued(i)]
+        if capped:
+            self.queue.settle_array(capped)
         self.seq = c.seq if c.seq is not None else self.seq
         self.next_id = c.next_id if c.next_id is not None else self.next_id
         return changed
@@ -163,23 +167,6 @@ class Table:
     def held_counts(self) -> dict[str, int]:
         """Queued jobs by hold reason."""
         return self.queue.held_counts()
-
-    def settle_holds(self, holds: Iterable[Hold], full: set[str]) -> None:
-        """Settle jobs held for their kind of device while none of it was free: in a pass
-        that began so, or (needing one unit) in one that used the last unit up; and jobs
-        held by their array's cap."""
-        settle, capped = [], []
-        for hold in holds:
-            job = self.jobs.get(hold.job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                continue
-            kind = kind_of(job)
-            if hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1):
-                settle.append(job)
-            elif hold.reason == "array":
-                capped.append(job)
-        self.queue.settle(settle, self.held_since)
-        self.queue.settle_array(capped)
 
     def array_room(self, claimed: Iterable[int] = ()) -> dict[str, int]:
         """For each array with settled jobs: how many more of it may run now, counting

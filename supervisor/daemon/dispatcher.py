@@ -203,7 +203,6 @@ class Dispatcher:
             await self.engine.do(
                 Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
             )
-        self.table.settle_holds(plan.holds, full)  # array caps' (device holds: the engine's)
         if not plan.starts and not self.stale:  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
         return self.table.queue.next_backoff(now_wall, self._backoff_current)

@@ -168,3 +168,16 @@ def test_capped_jobs_settle_under_their_array_and_are_read_only_with_room() -> N
         q.remove(job)
     assert "array:1" not in q.settled and len(q) == 3
     assert used_before([(jobs[1], ()), (jobs[5], ())], "array:1", (0, 100)) == 1
+
+
+def test_a_dispatch_step_settles_the_jobs_held_by_their_arrays_cap() -> None:
+    """The engine's turn settles array holds with the rest of the pass: no other writer
+    touches the queue."""
+    t = Table()
+    t.next_id = 1
+    t.apply(step(t, c.Submit((spec(0), spec(1), spec(2))), NOW).changes)
+    holds = (Hold(2, "array", "array cap"), Hold(3, "array", "array cap"))
+    out = step(t, c.Dispatch((), holds), NOW)
+    assert out.changes.settle_array == [2, 3]
+    t.apply(out.changes)
+    assert [job_id for _, job_id in t.queue.settled["array:1"]] == [2, 3]

@@ -7,10 +7,11 @@ import signal
 
 from supervisor.core import commands as c
 from supervisor.core.admission import Start
-from supervisor.core.draft import Step
+from supervisor.core.draft import Step, Verdict
 from supervisor.core.engine import step
 from supervisor.core.jobs import ExitStatus, FailureReason, JobSpec, JobState
 from supervisor.core.outcome import Facts
+from supervisor.core.records import Attempt
 from supervisor.core.table import Table
 
 NOW = c.Now(1_700_000_000.0, 500.0)
@@ -73,3 +74,45 @@ def test_past_its_time_limit_a_job_fails_as_timeout_and_is_not_retried() -> None
     assert (job.state, job.reason, job.exit_code) == (JobState.FAILED, FailureReason.TIMEOUT, 143)
     messages = [e.message for w in out.writes if isinstance(w, c.SaveJob) for e in w.events]
     assert messages == ["timeout: past its wall-time limit of 2s"]
+
+
+def test_hold_and_cancel_say_in_the_engine_turn_what_they_did_to_each_job() -> None:
+    t = Table()
+    run(t, c.Submit((spec(), spec(), spec())))
+    run(t, c.Dispatch((Start(1, (0,), 0),), ()))
+    assert run(t, c.HoldJob(2, True, 1000)).verdicts == {2: Verdict(True, "held")}
+    assert run(t, c.HoldJob(2, True, 1000)).verdicts == {2: Verdict(False, "is already held")}
+    assert run(t, c.HoldJob(3, False, 1000)).verdicts == {3: Verdict(False, "is not held")}
+    running = run(t, c.HoldJob(1, True, 1000)).verdicts
+    assert running == {1: Verdict(False, "is running; only a queued job can be held")}
+    assert run(t, c.HoldJob(2, False, 0)).verdicts == {2: Verdict(True, "released")}
+    assert run(t, c.Cancel(2)).verdicts == {2: Verdict(True, "cancelled")}
+    assert run(t, c.Cancel(1)).verdicts == {1: Verdict(True, "cancelling")}
+    # A job that ended while the command waited for its turn gets no verdict: the
+    # shell reads its end from the store and says so, instead of claiming it acted.
+    assert run(t, c.Cancel(2)).verdicts == {}
+    assert run(t, c.HoldJob(2, True, 1000)).verdicts == {}
+    assert run(t, c.Cancel(99)).verdicts == {}
+
+
+def test_clean_forgets_only_jobs_that_are_not_active() -> None:
+    t = Table()
+    run(t, c.Submit((spec(),)))
+    out = run(t, c.Forget((1, 7, 8)))
+    assert out.writes == [c.MarkCleaned((7, 8), NOW.iso)]
+    assert run(t, c.Forget((1,))).writes == []
+
+
+def test_recovery_closes_the_open_attempts_of_jobs_that_are_no_longer_active() -> None:
+    t = Table()
+    orphan = Attempt(
+        job_id=4, n=2, gpus=(0,), started_at="2026-01-01T00:00:00Z", mem_key="k", pid=123
+    )
+    out = run(t, c.Recover((), {}, frozenset(), {}, 5, orphans=(orphan,)))
+    (closed,) = [w.attempt for w in out.writes if isinstance(w, c.CloseAttempt)]
+    assert (closed.job_id, closed.n, closed.reason, closed.ended_at) == (
+        4,
+        2,
+        "interrupted",
+        NOW.iso,
+    )

@@ -12,15 +12,13 @@ budget) and its job is queued again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import TYPE_CHECKING
 
 import anyio
 import structlog
 
 from supervisor.core.commands import Recover
-from supervisor.core.jobs import FailureReason, JobState
-from supervisor.daemon.clock import now_iso
+from supervisor.core.jobs import JobState
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running.handles import KeptProcess
 from supervisor.daemon.running.keepers import KeeperGone, Keepers
@@ -86,6 +84,7 @@ async def reconcile(
         {i: (proc.pid, proc.start_time) for i, proc in adopted.items()},
         {i: book.projection(spec) for i, spec in specs.items()},  # it counts as it did
         {i: book.vram_need(spec) or 0 for i, spec in specs.items()},
+        tuple(a for a in open_attempts.values() if a.job_id not in active),
     )
     await engine.do(found)
     for job_id, proc in adopted.items():
@@ -93,15 +92,6 @@ async def reconcile(
         assert runner is not None
         runner.adopt(job_id, live.attempt.n, live.cards, live.seq, proc)
     await _forget_the_rest(kept)
-    for attempt in open_attempts.values():  # an attempt whose job is no longer active
-        if attempt.job_id in active:
-            continue
-        closed = dataclasses.replace(
-            attempt, ended_at=now_iso(), reason=FailureReason.INTERRUPTED.value
-        )
-        job_row = await store.get_job(attempt.job_id)
-        if job_row is not None:
-            await store.save(job_row, now_iso(), None, ended_attempt=closed)
     if jobs:
         log.info("reconciled", active=len(jobs))
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from supervisor.core.commands import Cancel, HoldJob
-from supervisor.core.jobs import Job, JobState
+from supervisor.core.commands import Cancel, Forget, HoldJob
+from supervisor.core.engine import hold_refusal
+from supervisor.core.jobs import Job
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store import output_files as joblogs
@@ -31,15 +32,6 @@ if TYPE_CHECKING:
 
 PAUSED_FILE = "paused"  # in the state dir: a pause outlives a restart of the daemon
 CLOSE_CANCEL_S = 10.0  # the longest a closed `run` connection's cancels may take
-
-
-def hold_refusal(job: Job, hold: bool) -> str | None:
-    """Why `hold` (or `release`) does not apply to this job, or None."""
-    if job.state is not JobState.QUEUED:
-        return f"is {job.state.value}; only a queued job can be {'held' if hold else 'released'}"
-    if job.held == hold:
-        return "is already held" if hold else "is not held"
-    return None
 
 
 class Verbs:
@@ -80,10 +72,15 @@ class Verbs:
         hold = req.type == "hold"
 
         async def act(job: Job) -> dict[str, Any]:
-            why = hold_refusal(job, hold)
-            if why is not None:
+            # The engine's turn decides: the job may have started or ended while the
+            # command waited for it, and the client hears what was done.
+            verdict = (await self.engine.do(HoldJob(job.id, hold, peer.uid))).verdicts.get(job.id)
+            if verdict is None:  # no longer in the table: it ended
+                ended = await self.api._job(job.id)
+                why = hold_refusal(ended, hold) or f"is {ended.state.value}"
                 raise ProtocolError(protocol.INVALID_STATE, why)
-            await self.engine.do(HoldJob(job.id, hold, peer.uid))
+            if not verdict.ok:
+                raise ProtocolError(protocol.INVALID_STATE, verdict.text)
             return {"held": hold}
 
         return await self._each(req, peer, act)
@@ -113,7 +110,9 @@ class Verbs:
 
     async def clean(self, req: Clean, peer: Peer) -> dict[str, Any]:
         owner = None if self.api.access.is_admin(peer.uid) else peer.uid
-        ids = await jobrows.clean(self.store, owner, time.time() - req.older_than_s, now_iso())
+        ids = await jobrows.cleanable(self.store, owner, time.time() - req.older_than_s)
+        if ids:
+            await self.engine.do(Forget(tuple(ids)))
         freed = joblogs.remove(self.api.logs_dir, ids)
         return {"ok": True, "removed": ids, "freed_mb": -(-freed // (1 << 20))}
 

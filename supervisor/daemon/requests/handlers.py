@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -366,13 +366,18 @@ class Api:
             if job.state.terminal:
                 results.append({"id": job_id, "ok": False, "error": f"already {job.state.value}"})
                 continue
-            await self.engine.do(Cancel(job_id))
-            # Cancelled only when nothing of the job will run; else its attempt is
-            # being stopped, and it ends cancelled all the same.
-            running = job_id in self.table.jobs
-            results.append(
-                {"id": job_id, "ok": True, "state": "cancelling" if running else "cancelled"}
+            # The engine's turn decides: "cancelled" when nothing of the job will run,
+            # "cancelling" while its attempt is stopped (it ends cancelled all the same);
+            # none when it ended while the cancel waited for its turn.
+            verdict = (await self.engine.do(Cancel(job_id))).verdicts.get(job_id)
+            if verdict is None:
+                ended = await self._job(job_id)
+                results.append({"id": job_id, "ok": False, "error": f"already {ended.state.value}"})
+                continue
+            state: Literal["cancelled", "cancelling"] = (
+                "cancelled" if verdict.text == "cancelled" else "cancelling"
             )
+            results.append({"id": job_id, "ok": True, "state": state})
         return {"ok": True, "results": results}
 
     async def wait(self, req: JobRef, peer: Peer) -> WaitReply:

@@ -7,7 +7,15 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from supervisor.core.commands import InsertJob, RecordHang, SaveJob, SetPid, Write
+from supervisor.core.commands import (
+    CloseAttempt,
+    InsertJob,
+    MarkCleaned,
+    RecordHang,
+    SaveJob,
+    SetPid,
+    Write,
+)
 from supervisor.core.records import Event
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.schema import (
@@ -129,5 +137,12 @@ def transaction(
                     )
             elif isinstance(other, RecordHang):
                 db.execute(INSERT_HANG, _hang_params(other.row))
+            elif isinstance(other, CloseAttempt):
+                _finish_attempt(db, other.attempt)
+            elif isinstance(other, MarkCleaned):
+                db.executemany(
+                    "UPDATE jobs SET cleaned_at = ? WHERE id = ? AND cleaned_at IS NULL",
+                    [(other.at, job_id) for job_id in other.ids],
+                )
 
     return op

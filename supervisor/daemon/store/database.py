@@ -14,7 +14,7 @@ import aiosqlite
 import anyio
 import structlog
 
-from supervisor.core.jobs import Job, JobSpec
+from supervisor.core.jobs import Job
 from supervisor.core.records import Attempt, Event
 from supervisor.daemon.store.guard import (
     IdMark,
@@ -25,20 +25,11 @@ from supervisor.daemon.store.guard import (
 )
 from supervisor.daemon.store.schema import (
     ATTEMPT_COLUMNS,
-    INSERT_EVENT,
     JOB_COLUMNS,
-    UPDATE_JOB,
     MemRow,
-    _event_params,
-    _finish_attempt,
-    _insert_attempt,
-    _insert_event,
-    _job_params,
     _row_to_attempt,
     _row_to_job,
-    _spec_json,
     _Specs,
-    _update_job,
 )
 from supervisor.daemon.store.writer import StorageError, Writer
 
@@ -101,89 +92,6 @@ class Store(Writer):
                 self.ids = None
 
     # ---- writes ---------------------------------------------------------------------
-
-    async def insert_jobs(self, specs: Sequence[JobSpec], at: str) -> list[int]:
-        envs: dict[int, str] = {}  # a batch shares one env: encode it once
-
-        def row(spec: JobSpec) -> tuple[Any, ...]:
-            env = envs.get(id(spec.env)) or envs.setdefault(id(spec.env), json.dumps(spec.env))
-            return (_spec_json(spec), env, spec.owner_uid, spec.mem_key, spec.priority, at)
-
-        def op(db: sqlite3.Connection) -> list[int]:
-            db.executemany(
-                "INSERT INTO jobs (spec, env, owner_uid, mem_key, priority, state, "
-                "submitted_at) VALUES (?, ?, ?, ?, ?, 'queued', ?)",
-                [row(spec) for spec in specs],
-            )
-            # The writer holds the only write transaction: AUTOINCREMENT ids are consecutive.
-            last = int((db.execute("SELECT last_insert_rowid()").fetchone() or (0,))[0])
-            ids = list(range(last - len(specs) + 1, last + 1))
-            if self.ids is not None:
-                self.ids.raise_to(last)
-            submitted = Event("submitted", "submitted")
-            db.executemany(INSERT_EVENT, [_event_params(i, at, submitted) for i in ids])
-            return ids
-
-        ids = await self.write(op)
-        if len(ids) <= 10:
-            for job_id in ids:
-                log.info("submitted", event_kind="submitted", job_id=job_id, state="queued")
-        else:  # a batch: one line, not ten thousand
-            log.info("submitted", event_kind="submitted", job_ids=f"{ids[0]}-{ids[-1]}")
-        return ids
-
-    async def save(
-        self,
-        job: Job,
-        at: str,
-        event: Event | Sequence[Event] | None = None,
-        *,
-        new_attempt: Attempt | None = None,
-        ended_attempt: Attempt | None = None,
-    ) -> None:
-        """One state change with its event (and attempt row), as one unit."""
-
-        def op(db: sqlite3.Connection) -> None:
-            _update_job(db, job)
-            if new_attempt is not None:
-                _insert_attempt(db, new_attempt)
-            if ended_attempt is not None:
-                _finish_attempt(db, ended_attempt)
-            events = [event] if isinstance(event, Event) else list(event or ())
-            for ev in events:
-                _insert_event(db, job.id, at, ev)
-
-        await self.write(op)
-        for ev in [event] if isinstance(event, Event) else list(event or ()):
-            log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
-
-    async def save_many(self, changes: Sequence[tuple[Job, Event]], at: str) -> None:
-        """Many state changes, each with its event, in one unit (e.g. a pass's holds)."""
-
-        def op(db: sqlite3.Connection) -> None:
-            db.executemany(UPDATE_JOB, [_job_params(job) for job, _ in changes])
-            db.executemany(INSERT_EVENT, [_event_params(j.id, at, e) for j, e in changes])
-
-        await self.write(op)
-        for job, ev in changes[:10]:
-            log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
-        if len(changes) > 10:  # a big queue: one line, not ten thousand
-            log.info(f"and {len(changes) - 10} more", event_kind=changes[-1][1].kind)
-
-    async def set_attempt_pid(self, a: Attempt) -> None:
-        def op(db: sqlite3.Connection) -> None:
-            db.execute(
-                "UPDATE attempts SET pid=?, pid_start=? WHERE job_id=? AND n=?",
-                (a.pid, a.pid_start, a.job_id, a.n),
-            )
-
-        await self.write(op)
-
-    async def add_event(self, job_id: int | None, at: str, event: Event) -> None:
-        def op(db: sqlite3.Connection) -> None:
-            _insert_event(db, job_id, at, event)
-
-        await self.write(op)
 
     async def add_daemon_event(self, at: str, kind: str, data: dict[str, Any]) -> None:
         def op(db: sqlite3.Connection) -> None:

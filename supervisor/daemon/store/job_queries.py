@@ -6,7 +6,6 @@ but leaves every listing; its logs are deleted.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,18 +54,13 @@ async def list_jobs(
     return [_row_to_job(r, specs) for r in rows]
 
 
-async def clean(store: Store, owner_uid: int | None, ended_before: float, at: str) -> list[int]:
-    """Mark finished jobs (of `owner_uid`, or everyone's) ended before then as cleaned."""
+async def cleanable(store: Store, owner_uid: int | None, ended_before: float) -> list[int]:
+    """Finished jobs (of `owner_uid`, or everyone's) ended before then, not yet cleaned.
+    Marking them is the engine's (`Forget`)."""
     where = [FINISHED, "cleaned_at IS NULL", "ended_at <= ?"]
     params: list[Any] = [iso_from_epoch(ended_before)]
     if owner_uid is not None:
         where.append("owner_uid = ?")
         params.append(owner_uid)
-    clause = " AND ".join(where)
-
-    def op(db: sqlite3.Connection) -> list[int]:
-        ids = [int(r[0]) for r in db.execute(f"SELECT id FROM jobs WHERE {clause}", params)]
-        db.execute(f"UPDATE jobs SET cleaned_at = ? WHERE {clause}", [at, *params])
-        return ids
-
-    return await store.write(op)
+    rows = await store._all(f"SELECT id FROM jobs WHERE {' AND '.join(where)}", params)
+    return [int(r[0]) for r in rows]
