@@ -152,6 +152,10 @@ class Dispatcher:
         spec = self._spec(job_id)
         return self.short.get(spec.mem_key, float("inf")) if spec else float("inf")
 
+    def set_paused(self, paused: bool) -> None:
+        """`gpusv pause` / `resume`: while paused, no pass starts anything."""
+        self.paused = paused
+
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
             limit_mb=self.limit_mb,

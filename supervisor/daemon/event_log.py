@@ -51,6 +51,9 @@ class JobLines:
         self._left_out: Counter[str] = Counter()
         self._timer: asyncio.TimerHandle | None = None
 
+    def reconfigure(self, per_s: int) -> None:
+        self.per_s = per_s
+
     def log(self, writes: Sequence[Write]) -> None:
         inserts = [w for w in writes if isinstance(w, InsertJob)]
         if inserts and self._take("submitted"):

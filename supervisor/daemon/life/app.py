@@ -115,8 +115,8 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         busy=lambda: bool(engine.table.live),
         on_change=lambda: broker.publish(CardsChanged()),
         beat=lambda: board.beat("gpu-monitor", time.monotonic()),
+        visible_by=cfg.gpus.visible_devices,
     )
-    monitor.visible_by = cfg.gpus.visible_devices
     try:
         await monitor.discover()
     except GpuError as exc:  # e.g. a CUDA_VISIBLE_DEVICES naming no card of this host
@@ -186,8 +186,8 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         max_per_user=cfg.limits.max_connections_per_user,
         idle_timeout_s=cfg.limits.idle_timeout_s,
         admit=access.admit,
+        on_close=api.verbs.connection_closed,
     )
-    server.on_close = api.verbs.connection_closed
     return Parts(
         cfg,
         store,

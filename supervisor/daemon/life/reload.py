@@ -82,11 +82,12 @@ def apply(parts: Parts) -> None:
         log.error("SIGHUP: config not reloaded; running on as before", error=str(exc))
         return
     cfg, applied, restart = plan(parts.cfg, loaded)
-    parts.cfg = parts.api.cfg = cfg
-    parts.hooks.cfg = cfg.hooks
-    parts.engine.lines.per_s = cfg.log_job_lines_per_s
-    parts.access.admin_group = cfg.admin_group
-    parts.server.max_connections = connection_cap(cfg.limits.max_connections)
-    parts.server.max_per_user = cfg.limits.max_connections_per_user
-    parts.server.idle_timeout_s = cfg.limits.idle_timeout_s
+    parts.cfg = cfg
+    parts.api.reconfigure(cfg)
+    parts.hooks.reconfigure(cfg.hooks)
+    parts.engine.lines.reconfigure(cfg.log_job_lines_per_s)
+    parts.access.reconfigure(cfg.admin_group)
+    limits = cfg.limits
+    cap = connection_cap(limits.max_connections)
+    parts.server.set_limits(cap, limits.max_connections_per_user, limits.idle_timeout_s)
     log.info("SIGHUP: config reloaded", applied=applied or None, needs_restart=restart or None)

@@ -20,6 +20,9 @@ class Access:
     def __init__(self, admin_group: str | None) -> None:
         self.admin_group = admin_group
 
+    def reconfigure(self, admin_group: str | None) -> None:
+        self.admin_group = admin_group
+
     def is_admin(self, uid: int) -> bool:
         if uid == 0:
             return True

@@ -96,7 +96,7 @@ class Verbs:
                 _write_marker(marker, f"paused by uid {peer.uid} at {now_iso()}\n")
         except OSError as exc:  # the marker is what makes a pause outlive a restart
             raise StorageError(storage_reason(exc) or "cannot write", str(exc)) from None
-        self.api.dispatcher.paused = paused
+        self.api.dispatcher.set_paused(paused)
         if paused:
             # The parked spawns are dropped before any Stop: a Stop the database refuses
             # now leaves its job's end to be recorded (`interrupted`) once it takes writes.

@@ -93,6 +93,10 @@ class Api:
         self.submitting = anyio.Lock()
         self.verbs = Verbs(self)
 
+    def reconfigure(self, cfg: Config) -> None:
+        """A reloaded config: new submits take its defaults and limits."""
+        self.cfg = cfg
+
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:
             self.ends.changed(ev.new)

@@ -142,6 +142,7 @@ class Server:
         max_connections: int = 256,
         max_per_user: int = 64,
         idle_timeout_s: float = 30.0,
+        on_close: Callable[[Peer], Awaitable[None]] | None = None,
     ) -> None:
         self.path = path
         self.handler = handler
@@ -156,7 +157,13 @@ class Server:
         self.me = os.getpid()
         self.serial = 0
         # Told of every admitted connection's end.
-        self.on_close: Callable[[Peer], Awaitable[None]] = _nothing
+        self.on_close = on_close or _nothing
+
+    def set_limits(self, max_connections: int, max_per_user: int, idle_timeout_s: float) -> None:
+        """New connection limits (a reload): connections already open keep theirs."""
+        self.max_connections = max_connections
+        self.max_per_user = max_per_user
+        self.idle_timeout_s = idle_timeout_s
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await bind(self.path, self.mode, self.group)

@@ -13,15 +13,18 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import structlog
 
 from supervisor.core.admission import Card
 from supervisor.daemon.clock import monotonic
 from supervisor.gpus.allocation import describe_allocation
-from supervisor.gpus.base import GpuBackend, GpuInfo, GpuLost, GpuResetting
+from supervisor.gpus.base import GpuBackend, GpuError, GpuInfo, GpuLost, GpuResetting
 from supervisor.gpus.health import placeable
+from supervisor.gpus.release import release_backend
 from supervisor.gpus.visibility import VisibleBy, identify
 
+RELEASED = "released: the GPU driver was let go of (SIGUSR1); SIGUSR2 takes it back"
 log = structlog.get_logger("gpusvd.gpus")
 # A poke reads the cards at once unless they were read this recently: a flood of short
 # jobs would otherwise start a query thread per card for every job.
@@ -41,6 +44,7 @@ class GpuMonitor:
         busy: Callable[[], bool] = lambda: True,
         on_change: Callable[[], None] = lambda: None,
         beat: Callable[[], None] = lambda: None,
+        visible_by: VisibleBy = "index",
     ) -> None:
         self.backend = backend
         self.call = call
@@ -58,7 +62,7 @@ class GpuMonitor:
         self._quarantine: dict[int, float] = {}  # card -> monotonic time to re-probe from
         self.recovering: set[int] = set()  # cards being re-probed after a hang: no placements
         self.resetting: set[int] = set()  # the driver refuses reads while it resets: no placements
-        self.visible_by: VisibleBy = "index"  # what CUDA_/ROCR_VISIBLE_DEVICES carry
+        self.visible_by = visible_by  # what CUDA_/ROCR_VISIBLE_DEVICES carry
         self.allocation: str | None = None  # the visibility variable gpusvd itself was given
         self.released = False  # the driver was let go of (SIGUSR1): no reading, no placing
 
@@ -164,3 +168,37 @@ class GpuMonitor:
                 rest = read_at + min(POKE_GAP_S, self.interval_s) - monotonic()
                 if rest > 0:
                     await anyio.sleep(rest)
+
+    async def release_driver(self) -> None:
+        """SIGUSR1: shut NVML down; every card reads lost (released) until taken back."""
+        if self.released:
+            return
+        self.released = True
+        await release_backend(self.backend)
+        for card in list(self.cards):
+            self.mark_lost(card.index, RELEASED)
+        log.warning("gpu driver released", cards=len(self.cards))
+
+    async def reacquire_driver(self) -> None:
+        """SIGUSR2: open the driver again; the cards come back only as the same cards."""
+        if not self.released:
+            return
+        try:
+            await anyio.to_thread.run_sync(self.backend.reopen)
+            fresh = list(await self.call(self.backend.discover, "gpu-rediscover"))
+        except GpuError as exc:
+            log.error("gpu driver not taken back", error=str(exc))
+            return
+        before = [(c.uuid, c.pci_bus_id) for c in self.cards]
+        if [(c.uuid, c.pci_bus_id) for c in fresh] != before:
+            log.error(
+                "gpu driver taken back, but the cards changed: restart gpusvd to use them",
+                before=before,
+                after=[(c.uuid, c.pci_bus_id) for c in fresh],
+            )
+            return
+        self.cards = fresh
+        self.lost_why = {c.index: self.lost_why.get(c.index, "") for c in fresh if c.health != "ok"}
+        self.released = False
+        self.on_change()
+        log.warning("gpu driver taken back", cards=len(fresh))

@@ -63,6 +63,10 @@ class Hooks:
         broker.subscribe(AttemptEnded, offer)
         broker.subscribe(Changed, offer)
 
+    def reconfigure(self, cfg: HooksConfig) -> None:
+        """The hooks of a reloaded config: events from now on run these."""
+        self.cfg = cfg
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             task_status.started()
