@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from supervisor.core import admission
-from supervisor.core.commands import Ended, Submit
+from supervisor.core.commands import Ended, SubmitJobs
 from supervisor.core.jobs import ExitStatus, JobSpec
 from supervisor.core.memkey import mem_key
 from supervisor.core.outcome import Facts
@@ -79,7 +79,7 @@ def _scheduler(root: Path, store: Store) -> Dispatcher:
 
 
 async def _submit(sched: Dispatcher, specs: list[JobSpec]) -> list[int]:
-    return submitted_ids(await sched.engine.do(Submit(tuple(specs))))
+    return submitted_ids(await sched.engine.do(SubmitJobs(tuple(specs))))
 
 
 async def _end(sched: Dispatcher, job_id: int) -> None:

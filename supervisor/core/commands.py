@@ -29,7 +29,7 @@ class Now:
 
 
 @dataclass(frozen=True)
-class Submit:
+class SubmitJobs:
     specs: tuple[JobSpec, ...]
     ended_parents: dict[int, JobState] = field(default_factory=dict)  # --after, not active
     request_id: str | None = None  # the client's: kept with the jobs, so a repeat finds them
@@ -148,7 +148,7 @@ class Forget:
 
 
 Command = (
-    Submit
+    SubmitJobs
     | Dispatch
     | Spawning
     | Started

@@ -42,27 +42,27 @@ class Draft:
     """The table as this step has changed it so far."""
 
     def __init__(self, table: Table, now: Now) -> None:
-        self.t = table
+        self.table = table
         self.now = now
         self.out = Step()
-        self.c = self.out.changes
+        self.changes = self.out.changes
 
     def job(self, job_id: int) -> Job | None:
-        return self.c.jobs.get(job_id) or self.t.jobs.get(job_id)
+        return self.changes.jobs.get(job_id) or self.table.jobs.get(job_id)
 
     def live(self, job_id: int) -> Live | None:
-        if job_id in self.c.live:
-            return self.c.live[job_id]
-        return self.t.live.get(job_id)
+        if job_id in self.changes.live:
+            return self.changes.live[job_id]
+        return self.table.live.get(job_id)
 
     def lives(self) -> Mapping[int, Live | None]:
         """Every live attempt as changed so far (None: ended in this step)."""
-        return ChainMap(self.c.live, cast(dict[int, Live | None], self.t.live))
+        return ChainMap(self.changes.live, cast(dict[int, Live | None], self.table.live))
 
     def pending(self, job_id: int) -> frozenset[int] | None:
-        if job_id in self.c.pending:
-            return self.c.pending[job_id]
-        return self.t.pending.get(job_id)
+        if job_id in self.changes.pending:
+            return self.changes.pending[job_id]
+        return self.table.pending.get(job_id)
 
     def set_job(self, job: Job) -> None:
         """The job as changed. What a change does to the queue's bookkeeping is kept, so
@@ -72,29 +72,29 @@ class Draft:
         old = self.job(job.id)
         if old is not None and old.state is JobState.QUEUED:
             if job.state is not JobState.QUEUED:
-                self.c.left.add(job.id)
-                self.c.held_since.pop(job.id, None)
-                self.c.announced.discard(job.id)
+                self.changes.left.add(job.id)
+                self.changes.held_since.pop(job.id, None)
+                self.changes.announced.discard(job.id)
                 self._unsettle(job.id)
             elif (old.waiting_for, old.hold_reason) != (job.waiting_for, job.hold_reason):
                 self._unsettle(job.id)
-        self.c.jobs[job.id] = job
+        self.changes.jobs[job.id] = job
 
     def _unsettle(self, job_id: int) -> None:
-        self.c.rewaited.add(job_id)
-        if job_id in self.c.settle:
-            self.c.settle = [i for i in self.c.settle if i != job_id]
-        if job_id in self.c.settle_array:
-            self.c.settle_array = [i for i in self.c.settle_array if i != job_id]
+        self.changes.rewaited.add(job_id)
+        if job_id in self.changes.settle:
+            self.changes.settle = [i for i in self.changes.settle if i != job_id]
+        if job_id in self.changes.settle_array:
+            self.changes.settle_array = [i for i in self.changes.settle_array if i != job_id]
 
     def held_since(self, job_id: int) -> float | None:
-        if job_id in self.c.held_since or job_id in self.c.left:
-            return self.c.held_since.get(job_id)
-        return self.t.held_since.get(job_id)
+        if job_id in self.changes.held_since or job_id in self.changes.left:
+            return self.changes.held_since.get(job_id)
+        return self.table.held_since.get(job_id)
 
     def announced(self, job_id: int) -> bool:
-        return job_id in self.c.announced or (
-            job_id not in self.c.left and job_id in self.t.announced
+        return job_id in self.changes.announced or (
+            job_id not in self.changes.left and job_id in self.table.announced
         )
 
     def put(
@@ -110,9 +110,9 @@ class Draft:
 
     def _ended(self, job: Job) -> None:
         """Tell the jobs that wait for this one: one fewer parent, or a failed one."""
-        self.c.pending[job.id] = None
-        added = {child for parent, child in self.c.dependents if parent == job.id}
-        for child in sorted(self.t.dependents.get(job.id, set()) | added):
+        self.changes.pending[job.id] = None
+        added = {child for parent, child in self.changes.dependents if parent == job.id}
+        for child in sorted(self.table.dependents.get(job.id, set()) | added):
             parents = self.pending(child)
             if parents is None:
                 continue
@@ -125,7 +125,7 @@ class Draft:
         job = self.job(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return
-        self.c.pending[job_id] = parents or None
+        self.changes.pending[job_id] = parents or None
         waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
         self.set_job(dataclasses.replace(job, waiting_for=waiting))
 
@@ -144,17 +144,17 @@ class Draft:
             if self.job(p) is None and ended.get(p, JobState.FAILED) is not JobState.SUCCEEDED
         ]
         if bad:
-            self.c.pending[job.id] = frozenset()  # never dispatched before it fails
+            self.changes.pending[job.id] = frozenset()  # never dispatched before it fails
             self.fail_dependency(job.id, bad[0])
             return
         active = frozenset(p for p in job.spec.after if self.job(p) is not None)
-        self.c.dependents.extend((p, job.id) for p in active)
+        self.changes.dependents.extend((p, job.id) for p in active)
         self.waiting_on(job.id, active)
 
     def end(self, job: Job, live: Live, facts: Facts) -> None:
         """Close the attempt as the facts say, and move the job on."""
         done = outcome.end_of_attempt(job, live.attempt, facts, self.now.iso, self.now.wall)
-        self.c.live[job.id] = None
+        self.changes.live[job.id] = None
         self.put(done.job, *done.events, end=done.attempt)
         self.out.actions.append(AttemptEnded(done.job, done.attempt, live.cards))
         if done.attempt.reason == FailureReason.GPU_HANG.value:

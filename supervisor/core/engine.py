@@ -38,7 +38,7 @@ from supervisor.core.commands import (
     Spawning,
     Started,
     Stop,
-    Submit,
+    SubmitJobs,
 )
 from supervisor.core.draft import Draft, Step, Verdict
 from supervisor.core.hang_record import hang_record
@@ -51,9 +51,9 @@ from supervisor.core.table import Live, Phase, Table, waiting_ahead
 # ---- the commands -----------------------------------------------------------------------
 
 
-def _submit(d: Draft, cmd: Submit) -> None:
-    first = d.c.next_id or d.t.next_id
-    d.c.next_id = first + len(cmd.specs)
+def _submit(d: Draft, cmd: SubmitJobs) -> None:
+    first = d.changes.next_id or d.table.next_id
+    d.changes.next_id = first + len(cmd.specs)
     # A new array is named by its first job; a restart's specs already name theirs.
     specs = [
         s if s.array_index is None or s.array_id is not None else replace(s, array_id=first)
@@ -65,7 +65,7 @@ def _submit(d: Draft, cmd: Submit) -> None:
         d.out.writes.append(InsertJob(job))
         d.out.actions.append(Changed(None, job))
         if job.spec.after:
-            d.c.pending[job.id] = frozenset()  # no dispatch before its parents are known
+            d.changes.pending[job.id] = frozenset()  # no dispatch before its parents are known
     for job in jobs:
         if job.spec.after:
             d.track(job, cmd.ended_parents)
@@ -76,8 +76,8 @@ def _dispatch(d: Draft, cmd: Dispatch) -> None:
         _hold(d, hold)
     for start in cmd.starts:
         _claim(d, start, cmd)
-    d.c.settle += [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
-    d.c.settle_array += [h.job_id for h in cmd.holds if h.reason == "array" and _queued(d, h)]
+    d.changes.settle += [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
+    d.changes.settle_array += [h.job_id for h in cmd.holds if h.reason == "array" and _queued(d, h)]
 
 
 def _queued(d: Draft, hold: Hold) -> bool:
@@ -101,12 +101,12 @@ def _hold(d: Draft, hold: Hold) -> None:
     if job is None or job.state is not JobState.QUEUED:
         return
     if d.held_since(job.id) is None:
-        d.c.held_since[job.id] = d.now.mono
+        d.changes.held_since[job.id] = d.now.mono
     if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
         job = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
         d.set_job(job)
     if not d.announced(job.id):
-        d.c.announced.add(job.id)
+        d.changes.announced.add(job.id)
         d.out.writes.append(
             SaveJob(job, d.now.iso, (Event("queue_wait", hold.message, {"reason": hold.reason}),))
         )
@@ -116,8 +116,8 @@ def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
     job = d.job(start.job_id)
     if job is None or job.state is not JobState.QUEUED or d.pending(job.id) is not None:
         return
-    seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
-    d.c.seq = seq
+    seq = (d.changes.seq if d.changes.seq is not None else d.table.seq) + 1
+    d.changes.seq = seq
     attempt = Attempt(
         job_id=job.id,
         n=job.attempts + 1,
@@ -135,7 +135,7 @@ def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
         data["after"] = start.after[0]
         message += f", starting once job {start.after[0]} exits"
     d.put(started, Event("started", message, data), new=attempt)
-    d.c.live[job.id] = Live(
+    d.changes.live[job.id] = Live(
         attempt=attempt,
         cards=start.gpus,
         seq=seq,
@@ -151,7 +151,7 @@ def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
 def _spawning(d: Draft, cmd: Spawning) -> None:
     live = d.live(cmd.job_id)
     if live is not None and live.attempt.n == cmd.n and live.phase is Phase.CLAIMED:
-        d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.SPAWNING)
+        d.changes.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.SPAWNING)
 
 
 def _started(d: Draft, cmd: Started) -> None:
@@ -172,7 +172,7 @@ def _started(d: Draft, cmd: Started) -> None:
         if job is not None and job.started_at == live.attempt.started_at:
             job_started_at = at
             d.set_job(dataclasses.replace(job, started_at=job_started_at))
-    d.c.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
+    d.changes.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
     d.out.writes.append(SetPid(attempt, job_started_at))
     d.out.actions.append(ProcessStarted(cmd.job_id, cmd.pid))
     if live.kill is not None:  # stopped while it was being started
@@ -218,7 +218,7 @@ def _stop(
         live = dataclasses.replace(
             live, kill=reason, evidence=evidence, machine=machine or live.machine
         )
-        d.c.live[job_id] = live
+        d.changes.live[job_id] = live
     elif live.kill is reason:
         return  # already being stopped for this
     if live.phase is Phase.CLAIMED:  # no process yet, nor will there be
@@ -276,10 +276,10 @@ def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
             job = dataclasses.replace(job, started_at=started)
         attempt = dataclasses.replace(attempt, pid=pid, pid_start=pid_start, started_at=started)
         d.out.writes.append(SetPid(attempt, job_started_at))
-    seq = (d.c.seq if d.c.seq is not None else d.t.seq) + 1
-    d.c.seq = seq
+    seq = (d.changes.seq if d.changes.seq is not None else d.table.seq) + 1
+    d.changes.seq = seq
     d.set_job(job)
-    d.c.live[job.id] = Live(
+    d.changes.live[job.id] = Live(
         attempt=attempt,
         cards=tuple(attempt.gpus),
         seq=seq,
@@ -323,7 +323,7 @@ def _hold_job(d: Draft, cmd: HoldJob) -> None:
 def _recover(d: Draft, cmd: Recover) -> None:
     """Start-up: queued jobs stay queued; a job that was running when the daemon stopped
     is queued again as `interrupted` (charged to no budget), its attempt closed."""
-    d.c.next_id = max(cmd.next_id, d.c.next_id or d.t.next_id)
+    d.changes.next_id = max(cmd.next_id, d.changes.next_id or d.table.next_id)
     for job in cmd.jobs:
         attempt = cmd.open_attempts.get(job.id)
         if job.state is JobState.RUNNING and attempt is not None and job.id in cmd.adopted:
@@ -346,9 +346,9 @@ def _recover(d: Draft, cmd: Recover) -> None:
         d.set_job(job)
         d.out.actions.append(Changed(None, job))
         if job.hold_reason:  # announced before the restart: not evented again
-            d.c.announced.add(job.id)
+            d.changes.announced.add(job.id)
         if job.spec.after:
-            d.c.pending[job.id] = frozenset()
+            d.changes.pending[job.id] = frozenset()
     for job in cmd.jobs:
         if job.spec.after:
             d.track(d.job(job.id) or job, cmd.ended_parents)
@@ -381,7 +381,7 @@ def steps(table: Table, cmds: Sequence[Command], now: Now) -> Step:
 
 def _one(d: Draft, cmd: Command) -> None:
     match cmd:
-        case Submit():
+        case SubmitJobs():
             _submit(d, cmd)
         case Dispatch():
             _dispatch(d, cmd)

@@ -74,7 +74,7 @@ class Dispatcher:
         self.reserve_mb = cfg.host_memory.reserve.resolve(total)
         broker.subscribe(Changed, self._changed)
         broker.subscribe(CardsChanged, lambda _ev: self.poke())
-        self.short: OrderedDict[str, float] = OrderedDict()  # kind -> its last success, s
+        self.last_run_s: OrderedDict[str, float] = OrderedDict()  # kind -> its last success, s
         if cfg.jobs.start_ahead_s > 0:
             broker.subscribe(AttemptEnded, self._ran)
             # A start may be followed: a pass soon, but nothing the plan must see anew.
@@ -99,10 +99,10 @@ class Dispatcher:
         if a.exit_code != 0 or a.reason is not None or a.ended_at is None:
             return
         key = ended.job.spec.mem_key
-        self.short[key] = epoch_from_iso(a.ended_at) - epoch_from_iso(a.started_at)
-        self.short.move_to_end(key)
-        if len(self.short) > SHORT_KINDS:
-            self.short.popitem(last=False)
+        self.last_run_s[key] = epoch_from_iso(a.ended_at) - epoch_from_iso(a.started_at)
+        self.last_run_s.move_to_end(key)
+        if len(self.last_run_s) > SHORT_KINDS:
+            self.last_run_s.popitem(last=False)
 
     def drain(self) -> None:
         """Admit nothing more."""
@@ -150,7 +150,7 @@ class Dispatcher:
 
     def _last_run(self, job_id: int) -> float:  # its kind's last success, s (inf: unknown)
         spec = self._spec(job_id)
-        return self.short.get(spec.mem_key, float("inf")) if spec else float("inf")
+        return self.last_run_s.get(spec.mem_key, float("inf")) if spec else float("inf")
 
     def set_paused(self, paused: bool) -> None:
         """`gpusv pause` / `resume`: while paused, no pass starts anything."""
@@ -222,7 +222,7 @@ class Dispatcher:
         round leave the table (their jobs taken, their memory and arrays counted), in one
         Dispatch: one engine turn a round, not one a claim. Rounds follow, each on the
         table as the last left it, until none is left to make."""
-        while self.short and self.table.queue and self._may_claim():
+        while self.last_run_s and self.table.queue and self._may_claim():
             starts, projections = [], {}
             try:
                 for job_id, live in self._followable(now_wall):
@@ -295,7 +295,7 @@ class Dispatcher:
             spec = self._spec(job_id)
             if len(live.cards) > 1 or spec is None or spec.share or not self.can_follow(live.cards):
                 continue
-            if self.short.get(spec.mem_key, limit + 1) > limit:
+            if self.last_run_s.get(spec.mem_key, limit + 1) > limit:
                 continue
             line = line_of(job_id, lives)
             if line is None or (len(line) > 1 and not self.can_chain(live.cards)):

@@ -21,7 +21,7 @@ from typing import TypeVar
 import anyio
 import structlog
 
-from supervisor.core.commands import Command, InsertJob, Now, SetPid, Submit
+from supervisor.core.commands import Command, InsertJob, Now, SetPid, SubmitJobs
 from supervisor.core.draft import Step
 from supervisor.core.engine import steps
 from supervisor.core.jobs import JobState
@@ -78,11 +78,11 @@ class Engine:
         answering = self.store.is_answering()
         if self.store.problem is not None and answering:
             raise StorageError("not writable now", self.store.problem)
-        if answering or isinstance(cmd, Submit):
+        if answering or isinstance(cmd, SubmitJobs):
             async with self._turn:
-                if isinstance(cmd, Submit):
+                if isinstance(cmd, SubmitJobs):
                     cmd = await self._with_parents(cmd)
-                request = cmd.request_id if isinstance(cmd, Submit) else None
+                request = cmd.request_id if isinstance(cmd, SubmitJobs) else None
                 return await self._take((cmd,), request)
         mine = _Queued(cmd)
         self._queued.append(mine)
@@ -138,7 +138,7 @@ class Engine:
                 return value
         return await reader()
 
-    async def _with_parents(self, cmd: Submit) -> Submit:
+    async def _with_parents(self, cmd: SubmitJobs) -> SubmitJobs:
         """--after parents that are no longer active: their end, read from the store
         while no command runs, so none can end unseen in between."""
         ended: dict[int, JobState] = {}
@@ -147,9 +147,9 @@ class Engine:
                 if parent not in self.table.jobs and parent not in ended:
                     row = await self.store.get_job(parent)
                     ended[parent] = row.state if row is not None else JobState.FAILED
-        return Submit(cmd.specs, ended, cmd.request_id) if ended else cmd
+        return SubmitJobs(cmd.specs, ended, cmd.request_id) if ended else cmd
 
 
 def submitted_ids(out: Step) -> list[int]:
-    """The ids a Submit step gave its jobs, in order."""
+    """The ids a SubmitJobs step gave its jobs, in order."""
     return [w.job.id for w in out.writes if isinstance(w, InsertJob)]

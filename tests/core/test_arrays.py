@@ -85,7 +85,7 @@ def spec(index: int | None, array: int | None = None) -> JobSpec:
 def test_a_new_array_is_named_by_its_first_job_in_one_step() -> None:
     t = Table()
     t.next_id = 10
-    out = step(t, c.Submit((spec(0), spec(1), spec(None))), NOW)
+    out = step(t, c.SubmitJobs((spec(0), spec(1), spec(None))), NOW)
     inserted = [w.job for w in out.writes if isinstance(w, c.InsertJob)]
     assert [(j.id, j.spec.array_id, j.spec.array_index) for j in inserted] == [
         (10, 10, 0),
@@ -97,7 +97,7 @@ def test_a_new_array_is_named_by_its_first_job_in_one_step() -> None:
 def test_a_restart_keeps_its_array() -> None:
     t = Table()
     t.next_id = 50
-    out = step(t, c.Submit((spec(3, array=10),)), NOW)
+    out = step(t, c.SubmitJobs((spec(3, array=10),)), NOW)
     (job,) = [w.job for w in out.writes if isinstance(w, c.InsertJob)]
     assert (job.id, job.spec.array_id, job.spec.array_index) == (50, 10, 3)
 
@@ -175,7 +175,7 @@ def test_a_dispatch_step_settles_the_jobs_held_by_their_arrays_cap() -> None:
     touches the queue."""
     t = Table()
     t.next_id = 1
-    t.apply(step(t, c.Submit((spec(0), spec(1), spec(2))), NOW).changes)
+    t.apply(step(t, c.SubmitJobs((spec(0), spec(1), spec(2))), NOW).changes)
     holds = (Hold(2, "array", "array cap"), Hold(3, "array", "array cap"))
     out = step(t, c.Dispatch((), holds), NOW)
     assert out.changes.settle_array == [2, 3]

@@ -41,7 +41,7 @@ def events(out: Step) -> list[str]:
 
 
 def claimed(t: Table, *specs: JobSpec) -> list[int]:
-    ids = [w.job.id for w in run(t, c.Submit(specs)).writes if isinstance(w, c.InsertJob)]
+    ids = [w.job.id for w in run(t, c.SubmitJobs(specs)).writes if isinstance(w, c.InsertJob)]
     pairs = enumerate(zip(ids, specs, strict=True))
     starts = tuple(Start(i, (k,) if s.gpus else (), 0) for k, (i, s) in pairs)
     run(t, c.Dispatch(starts, ()))
@@ -51,7 +51,7 @@ def claimed(t: Table, *specs: JobSpec) -> list[int]:
 def test_a_submit_takes_the_next_ids_and_queues() -> None:
     t = Table()
     t.next_id = 41
-    out = run(t, c.Submit((spec(), spec(gpus=0))))
+    out = run(t, c.SubmitJobs((spec(), spec(gpus=0))))
     assert [w.job.id for w in out.writes if isinstance(w, c.InsertJob)] == [41, 42]
     assert kinds(out) == ["InsertJob", "InsertJob", "Changed", "Changed"]
     assert t.next_id == 43 and t.jobs[41].state is JobState.QUEUED
@@ -60,7 +60,7 @@ def test_a_submit_takes_the_next_ids_and_queues() -> None:
 
 def test_a_hold_is_shown_and_evented_once_per_wait() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     ram = Hold(1, "host_ram", "waiting for host RAM: needs ~60 GiB, ~30 GiB free")
     out = run(t, c.Dispatch((), (ram,)))
     assert events(out) == ["queue_wait"]
@@ -74,7 +74,7 @@ def test_a_hold_is_shown_and_evented_once_per_wait() -> None:
 
 def test_a_claim_stores_the_attempt_before_anything_runs() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     out = run(t, c.Dispatch((Start(1, (1,), 4096),), ()))
     assert kinds(out) == ["SaveJob", "Changed", "Spawn"]
     (save,) = out.writes
@@ -88,7 +88,7 @@ def test_a_claim_stores_the_attempt_before_anything_runs() -> None:
 
 def test_a_cancel_of_a_queued_job_ends_it() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     out = run(t, c.Cancel(1))
     assert events(out) == ["cancelled"] and 1 not in t.jobs and not t.queue
     (changed,) = [a for a in out.actions if isinstance(a, c.Changed)]
@@ -149,7 +149,7 @@ def test_a_hang_kills_with_a_reprobe_and_records_the_machine_of_that_moment() ->
     claimed(t, spec(name="render"))
     run(t, c.Spawning(1, 1))
     run(t, c.Started(1, 1, 7, None))
-    run(t, c.Submit((spec(),)))  # another job: the table moves on meanwhile
+    run(t, c.SubmitJobs((spec(),)))  # another job: the table moves on meanwhile
     run(t, c.Progress(1, "frame 17"))
     machine = {"gpu": 0, "at": "2023-11-14T22:13:19.000Z", "host_mem_available_mb": 900}
     out = run(t, c.HangSeen(1, 0, {"source": "kernel_log"}, machine))
@@ -190,8 +190,8 @@ def test_a_late_reset_line_reclassifies_a_queued_retry() -> None:
 def test_dependencies_wait_then_start_or_fail_down_the_line() -> None:
     t = Table()
     claimed(t, spec())  # job 1 runs
-    run(t, c.Submit((spec(after=(1,)),)))  # 2 waits for 1
-    run(t, c.Submit((spec(after=(2,)),)))  # 3 waits for 2
+    run(t, c.SubmitJobs((spec(after=(1,)),)))  # 2 waits for 1
+    run(t, c.SubmitJobs((spec(after=(2,)),)))  # 3 waits for 2
     assert t.pending == {2: frozenset({1}), 3: frozenset({2})}
     assert t.jobs[2].waiting_for == "waiting for job 1"
     run(t, c.Spawning(1, 1))
@@ -205,10 +205,10 @@ def test_dependencies_wait_then_start_or_fail_down_the_line() -> None:
 
 def test_a_parent_that_ended_badly_before_the_submit_fails_the_child_at_once() -> None:
     t = Table()
-    out = run(t, c.Submit((spec(after=(7,)),), {7: JobState.FAILED}))
+    out = run(t, c.SubmitJobs((spec(after=(7,)),), {7: JobState.FAILED}))
     assert kinds(out) == ["InsertJob", "SaveJob", "Changed", "Changed"]
     assert events(out) == ["dependency_failed"] and not t.jobs
-    run(t, c.Submit((spec(after=(7,)),), {7: JobState.SUCCEEDED}))
+    run(t, c.SubmitJobs((spec(after=(7,)),), {7: JobState.SUCCEEDED}))
     assert 2 not in t.pending and t.jobs[2].state is JobState.QUEUED
 
 
@@ -265,7 +265,7 @@ commands = st.lists(
 def _command(t: Table, op: str, job_id: int, code: int) -> c.Command:
     n = t.live[job_id].attempt.n if job_id in t.live else 1
     if op == "submit":
-        return c.Submit((spec(gpus=code % 2),))
+        return c.SubmitJobs((spec(gpus=code % 2),))
     if op == "dispatch":
         return c.Dispatch((Start(job_id, (), 0),), ())
     if op == "spawning":

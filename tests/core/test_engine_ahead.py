@@ -18,7 +18,7 @@ LATER_ISO = "2023-11-14T22:13:50.000Z"
 def ahead(t: Table) -> None:
     """Job 1 up on card 0; job 2 claimed behind it and handed to its keeper."""
     running(t, spec())
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     run(t, c.Dispatch((Start(2, (0,), 0, after=(1, 1)),), ()))
     run(t, c.Spawning(2, 1))
 
@@ -26,7 +26,7 @@ def ahead(t: Table) -> None:
 def test_a_job_claimed_ahead_is_spawned_after_the_one_it_follows_and_says_so() -> None:
     t = Table()
     running(t, spec())
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     out = run(t, c.Dispatch((Start(2, (0,), 0, after=(1, 1)),), ()))
     (spawn,) = [a for a in out.actions if isinstance(a, c.Spawn)]
     assert spawn.after == (1, 1) and spawn.cards == (0,)

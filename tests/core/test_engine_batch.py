@@ -113,9 +113,9 @@ def script(seed: int) -> tuple[Table, list[c.Command]]:
     specs: list[JobSpec] = []
     for i in range(rng.randint(3, 8)):
         specs.append(spec(rng, list(range(1, i + 1))))
-    t.apply(step(t, c.Submit(tuple(specs)), NOW).changes)
+    t.apply(step(t, c.SubmitJobs(tuple(specs)), NOW).changes)
     shadow, cmds = Table(), []
-    shadow.apply(step(shadow, c.Submit(tuple(specs)), NOW).changes)
+    shadow.apply(step(shadow, c.SubmitJobs(tuple(specs)), NOW).changes)
     for _ in range(rng.randint(5, 40)):
         cmd = command(rng, shadow)
         shadow.apply(step(shadow, cmd, NOW).changes)
@@ -127,7 +127,7 @@ def script(seed: int) -> tuple[Table, list[c.Command]]:
 def test_commands_stepped_together_decide_what_they_decide_one_by_one(seed: int) -> None:
     base, cmds = script(seed)
     one, writes, actions = Table(), [], []
-    one.apply(step(one, c.Submit(tuple(j.spec for j in base.jobs.values())), NOW).changes)
+    one.apply(step(one, c.SubmitJobs(tuple(j.spec for j in base.jobs.values())), NOW).changes)
     for cmd in cmds:
         out = step(one, cmd, NOW)
         one.apply(out.changes)

@@ -42,7 +42,7 @@ def queued(job_id: int, s: JobSpec | None = None, **more: object) -> Job:
 def running(t: Table, *specs: JobSpec) -> None:
     """Submit the specs and take each through claim, spawn and start (pid 100 + id)."""
     first = t.next_id
-    run(t, c.Submit(specs))
+    run(t, c.SubmitJobs(specs))
     ids = range(first, first + len(specs))
     run(t, c.Dispatch(tuple(Start(i, (k,), 0) for k, i in enumerate(ids)), ()))
     for i in ids:
@@ -55,7 +55,7 @@ def running(t: Table, *specs: JobSpec) -> None:
 
 def test_a_submit_writes_and_announces_each_job() -> None:
     t = Table()
-    out = run(t, c.Submit((spec(), spec(gpus=0))))
+    out = run(t, c.SubmitJobs((spec(), spec(gpus=0))))
     jobs = (queued(1), queued(2, spec(gpus=0)))
     assert out.writes == [c.InsertJob(jobs[0]), c.InsertJob(jobs[1])]
     assert out.actions == [c.Changed(None, jobs[0]), c.Changed(None, jobs[1])]
@@ -64,7 +64,7 @@ def test_a_submit_writes_and_announces_each_job() -> None:
 def test_a_claim_stores_the_attempt_and_spawns_it_in_dispatch_order() -> None:
     t = Table()
     t.seq = 5
-    run(t, c.Submit((spec(gpus=2, mem_key="m", mem_scale=2.0), spec(gpus=0))))
+    run(t, c.SubmitJobs((spec(gpus=2, mem_key="m", mem_scale=2.0), spec(gpus=0))))
     plan = Projection(3000, "declared", 0)
     cmd = c.Dispatch(
         (Start(1, (0, 2), 4096), Start(2, (), 0)),
@@ -97,14 +97,14 @@ def test_a_claim_stores_the_attempt_and_spawns_it_in_dispatch_order() -> None:
 
 def test_a_claim_skips_a_job_that_waits_for_its_parents_or_is_gone() -> None:
     t = Table()
-    run(t, c.Submit((spec(), spec(after=(1,)))))
+    run(t, c.SubmitJobs((spec(), spec(after=(1,)))))
     out = run(t, c.Dispatch((Start(2, (1,), 0), Start(9, (0,), 0)), ()))
     assert (out.writes, out.actions, t.live, t.seq) == ([], [], {}, 0)
 
 
 def test_a_hold_writes_its_queue_wait_once_with_its_reason() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     hold = Hold(1, "host_ram", "waiting for host RAM: needs ~60 GiB, ~30 GiB free")
     out = run(t, c.Dispatch((), (hold,)))
     held = queued(1, hold_reason="host_ram", waiting_for=hold.message)
@@ -128,7 +128,7 @@ def test_holds_and_settling_leave_jobs_that_are_not_queued_alone() -> None:
 
 def test_a_started_process_is_recorded_and_killed_if_stopped_meanwhile() -> None:
     t = Table()
-    run(t, c.Submit((spec(), spec())))
+    run(t, c.SubmitJobs((spec(), spec())))
     run(t, c.Dispatch((Start(1, (0,), 0), Start(2, (1,), 0)), ()))
     run(t, c.Spawning(1, 1))
     run(t, c.Spawning(2, 1))
@@ -251,7 +251,7 @@ def test_the_first_reason_of_a_stop_stands_over_a_drain() -> None:
 
 def test_a_stop_before_the_process_ends_the_attempt_with_its_evidence() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     run(t, c.Dispatch((Start(1, (0,), 0),), ()))
     out = run(t, c.Stop(1, R.TIMEOUT, {"limit_s": 2.0}))
     (save,) = out.writes
@@ -262,7 +262,7 @@ def test_a_stop_before_the_process_ends_the_attempt_with_its_evidence() -> None:
 
 def test_a_cancel_of_a_queued_job_is_stamped_and_said() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     out = run(t, c.Cancel(1))
     gone = replace(
         queued(1), state=JobState.CANCELLED, reason=R.CANCELLED, ended_at=ISO, waiting_for=None
@@ -312,7 +312,7 @@ def test_commands_for_a_job_that_is_not_there_change_nothing() -> None:
 
 def test_a_hold_clears_the_reason_shown_and_says_who() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     run(t, c.Dispatch((), (Hold(1, "gpus", "waiting for 1 free GPU, 0 free"),)))
     out = run(t, c.HoldJob(1, True, 1000))
     held = queued(1, held=True, waiting_for="held (gpusv release 1)")
@@ -326,7 +326,7 @@ def test_a_hold_clears_the_reason_shown_and_says_who() -> None:
 def test_a_parent_s_success_leaves_its_children_waiting_for_the_others() -> None:
     t = Table()
     running(t, spec(), spec())
-    run(t, c.Submit((spec(after=(1, 2)), spec(after=(1,)), spec(after=(1,)))))
+    run(t, c.SubmitJobs((spec(after=(1, 2)), spec(after=(1,)), spec(after=(1,)))))
     assert t.jobs[3].waiting_for == "waiting for job 1, 2"
     run(t, c.Cancel(4))  # a child gone before its parent ends
     run(t, c.Ended(1, 1, Facts(ExitStatus(0, None))))
@@ -337,7 +337,7 @@ def test_a_parent_s_success_leaves_its_children_waiting_for_the_others() -> None
 def test_a_held_child_released_waits_for_its_parents_again() -> None:
     t = Table()
     running(t, spec(), spec())
-    run(t, c.Submit((spec(after=(1, 2)),)))
+    run(t, c.SubmitJobs((spec(after=(1, 2)),)))
     run(t, c.HoldJob(3, True, 0))
     run(t, c.HoldJob(3, False, 0))
     assert t.jobs[3].waiting_for == "waiting for job 1, 2"
@@ -346,7 +346,7 @@ def test_a_held_child_released_waits_for_its_parents_again() -> None:
 def test_a_child_of_a_failed_parent_fails_saying_which() -> None:
     t = Table()
     running(t, spec())
-    run(t, c.Submit((spec(after=(1,)),)))
+    run(t, c.SubmitJobs((spec(after=(1,)),)))
     out = run(t, c.Ended(1, 1, Facts(ExitStatus(1, None), killed_for=R.CANCELLED)))
     child = queued(2, spec(after=(1,)), waiting_for="waiting for job 1")
     failed = replace(
@@ -363,7 +363,7 @@ def test_a_child_of_a_failed_parent_fails_saying_which() -> None:
 
 def test_a_parent_that_failed_before_the_submit_is_named() -> None:
     t = Table()
-    out = run(t, c.Submit((spec(after=(7,)),), {7: JobState.FAILED}))
+    out = run(t, c.SubmitJobs((spec(after=(7,)),), {7: JobState.FAILED}))
     saves = [w for w in out.writes if isinstance(w, c.SaveJob)]
     assert [e.message for w in saves for e in w.events] == ["dependency 7 did not succeed"]
 
@@ -456,7 +456,7 @@ SETTLES = [
 def test_a_job_held_for_its_kind_of_device_while_none_was_free_is_settled() -> None:
     for gpus, reason, full, settled in SETTLES:
         t = Table()
-        run(t, c.Submit((spec(gpus=gpus),)))
+        run(t, c.SubmitJobs((spec(gpus=gpus),)))
         out = run(t, c.Dispatch((), (Hold(1, reason, "waiting"),), full=full))  # type: ignore[arg-type]
         assert out.changes.settle == settled, (gpus, reason, full)
 

@@ -33,7 +33,7 @@ def spec(after: tuple[int, ...] = ()) -> JobSpec:
 
 def test_a_held_job_keeps_its_place_and_says_why_until_released() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     out = run(t, c.HoldJob(1, True, 1000))
     assert events(out) == ["held"] and t.jobs[1].held
     assert t.jobs[1].waiting_for == "held (gpusv release 1)" and len(t.queue) == 1
@@ -44,8 +44,8 @@ def test_a_held_job_keeps_its_place_and_says_why_until_released() -> None:
 
 def test_a_released_child_still_waits_for_its_parent() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
-    run(t, c.Submit((spec(after=(1,)),)))
+    run(t, c.SubmitJobs((spec(),)))
+    run(t, c.SubmitJobs((spec(after=(1,)),)))
     run(t, c.HoldJob(2, True, 1000))
     run(t, c.HoldJob(2, False, 1000))
     assert t.jobs[2].waiting_for == "waiting for job 1" and t.pending[2] == {1}
@@ -53,14 +53,14 @@ def test_a_released_child_still_waits_for_its_parent() -> None:
 
 def test_a_running_job_is_not_held() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     run(t, c.Dispatch((Start(1, (0,), 0),), ()))
     assert run(t, c.HoldJob(1, True, 1000)).writes == [] and not t.jobs[1].held
 
 
 def test_past_its_time_limit_a_job_fails_as_timeout_and_is_not_retried() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     run(t, c.Dispatch((Start(1, (0,), 0),), ()))
     run(t, c.Spawning(1, 1))
     run(t, c.Started(1, 1, 4242, 1.5))
@@ -78,7 +78,7 @@ def test_past_its_time_limit_a_job_fails_as_timeout_and_is_not_retried() -> None
 
 def test_hold_and_cancel_say_in_the_engine_turn_what_they_did_to_each_job() -> None:
     t = Table()
-    run(t, c.Submit((spec(), spec(), spec())))
+    run(t, c.SubmitJobs((spec(), spec(), spec())))
     run(t, c.Dispatch((Start(1, (0,), 0),), ()))
     assert run(t, c.HoldJob(2, True, 1000)).verdicts == {2: Verdict(True, "held")}
     assert run(t, c.HoldJob(2, True, 1000)).verdicts == {2: Verdict(False, "is already held")}
@@ -97,7 +97,7 @@ def test_hold_and_cancel_say_in_the_engine_turn_what_they_did_to_each_job() -> N
 
 def test_clean_forgets_only_jobs_that_are_not_active() -> None:
     t = Table()
-    run(t, c.Submit((spec(),)))
+    run(t, c.SubmitJobs((spec(),)))
     out = run(t, c.Forget((1, 7, 8)))
     assert out.writes == [c.MarkCleaned((7, 8), NOW.iso)]
     assert run(t, c.Forget((1,))).writes == []

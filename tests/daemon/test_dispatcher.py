@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from supervisor.core import admission
-from supervisor.core.commands import Ended, Submit
+from supervisor.core.commands import Ended, SubmitJobs
 from supervisor.core.jobqueue import JobQueue, used_before
 from supervisor.core.jobs import ExitStatus, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts
@@ -86,7 +86,7 @@ class Machine:
         self.table = self.engine.table
 
     async def submit(self, *specs: JobSpec) -> None:
-        await self.engine.do(Submit(specs))
+        await self.engine.do(SubmitJobs(specs))
 
     async def dispatch(self) -> None:
         await self.sched.dispatch_pass()

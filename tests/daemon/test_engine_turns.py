@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from supervisor.core.commands import Cancel, Changed, InsertJob, SaveJob, Submit, Write
+from supervisor.core.commands import Cancel, Changed, InsertJob, SaveJob, SubmitJobs, Write
 from supervisor.core.draft import Step
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.daemon.broker import Broker
@@ -37,7 +37,7 @@ class Turns:
         self.go = anyio.Event()
 
     async def setup(self) -> None:
-        await self.engine.do(Submit(tuple(JobSpec(("true",), "/", {}, 0, 0) for _ in range(4))))
+        await self.engine.do(SubmitJobs(tuple(JobSpec(("true",), "/", {}, 0, 0) for _ in range(4))))
         self.broker.subscribe(Changed, lambda ev: self.changed.append(ev.new.id))
         real: Callable[[Any], Awaitable[Any]] = self.store.write
 

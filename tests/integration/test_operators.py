@@ -24,7 +24,7 @@ import anyio
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.core.commands import Ended, Submit
+from supervisor.core.commands import Ended, SubmitJobs
 from supervisor.core.jobs import ExitStatus, JobSpec
 from supervisor.core.outcome import Facts
 from supervisor.daemon.broker import Broker
@@ -389,7 +389,7 @@ async def test_no_dispatch_pass_starts_a_job_before_its_parents_are_known(
     spec = JobSpec(argv=("true",), cwd="/", env={}, owner_uid=0, owner_gid=0, gpus=0)
     async with anyio.create_task_group() as tg:
         await tg.start(store.run_writer)
-        done, active = submitted_ids(await engine.do(Submit((spec, spec))))
+        done, active = submitted_ids(await engine.do(SubmitJobs((spec, spec))))
         await sched.dispatch_pass()  # both start
         await engine.do(Ended(done, 1, Facts(ExitStatus(0, None))))
         submitted = anyio.Event()
@@ -401,7 +401,7 @@ async def test_no_dispatch_pass_starts_a_job_before_its_parents_are_known(
 
         tg.start_soon(keep_dispatching)
         child_spec = dataclasses.replace(spec, after=(done, active))
-        [child] = submitted_ids(await engine.do(Submit((child_spec,))))
+        [child] = submitted_ids(await engine.do(SubmitJobs((child_spec,))))
         submitted.set()
         assert active in engine.table.live
         assert child not in engine.table.live

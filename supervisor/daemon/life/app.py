@@ -27,7 +27,7 @@ from supervisor.daemon.life import log_setup as logs
 from supervisor.daemon.life import shutdown
 from supervisor.daemon.life.deadman import Deadman, abort_deadline_s
 from supervisor.daemon.life.forensics import Forensics
-from supervisor.daemon.life.parts import Parts, Phase
+from supervisor.daemon.life.parts import DaemonPhase, Parts
 from supervisor.daemon.life.recovery import reconcile
 from supervisor.daemon.life.space import wait_for_space
 from supervisor.daemon.life.startup import (
@@ -272,7 +272,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             tg.start_soon(joblogs.retention_task, parts.cfg, lambda: set(parts.engine.table.jobs))
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
-            parts.phase = Phase.SERVING
+            parts.phase = DaemonPhase.SERVING
             return_startup_memory()
             parts.notifier.ready()
             log.info(
@@ -282,7 +282,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
                 state_dir=str(parts.cfg.state_dir),
             )
             task_status.started()
-    parts.phase = Phase.STOPPED
+    parts.phase = DaemonPhase.STOPPED
     await parts.store.flush()
 
 

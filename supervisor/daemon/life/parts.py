@@ -26,7 +26,7 @@ from supervisor.daemon.watch.hangs import HangWatcher
 from supervisor.daemon.watch.hooks import Hooks
 
 
-class Phase(Enum):
+class DaemonPhase(Enum):
     """Where the daemon is in its life; shutdown runs start-up backwards."""
 
     STARTING = "starting"
@@ -55,5 +55,5 @@ class Parts:
     server: Server
     access: Access
     api: Api
-    phase: Phase = Phase.STARTING
+    phase: DaemonPhase = DaemonPhase.STARTING
     load_config: Callable[[], Config] | None = None  # SIGHUP reads the config again

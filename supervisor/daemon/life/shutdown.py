@@ -12,7 +12,7 @@ import structlog
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.daemon.life import leaving, reload
-from supervisor.daemon.life.parts import Parts, Phase
+from supervisor.daemon.life.parts import DaemonPhase, Parts
 from supervisor.daemon.running.keepers import Keepers
 
 log = structlog.get_logger("gpusvd")
@@ -22,7 +22,7 @@ KEEPERS_EXIT_S = 10.0  # for the keepers let go by a drain to exit
 
 async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
     """Admit nothing more, stop running jobs as `interrupted` (requeued, uncharged), exit."""
-    parts.phase = Phase.DRAINING
+    parts.phase = DaemonPhase.DRAINING
     parts.dispatcher.drain()
     parts.notifier.stopping()
     table = parts.engine.table
@@ -73,7 +73,7 @@ def _remove_groups(keepers: Keepers) -> None:
 async def _leave(parts: Parts, scope: anyio.CancelScope, why: str) -> None:
     """Exit without touching running jobs: their keepers hold them and the next daemon
     takes them back (a restart, an upgrade). Everything they need is already durable."""
-    parts.phase = Phase.DRAINING
+    parts.phase = DaemonPhase.DRAINING
     parts.dispatcher.drain()
     parts.notifier.stopping()
     parts.engine.lines.flush()
@@ -104,8 +104,8 @@ async def signals(parts: Parts, scope: anyio.CancelScope) -> None:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     reload.apply(parts)
-                elif parts.phase is not Phase.DRAINING:
-                    parts.phase = Phase.DRAINING
+                elif parts.phase is not DaemonPhase.DRAINING:
+                    parts.phase = DaemonPhase.DRAINING
                     tg.start_soon(_on_stop_signal, parts, scope, signum)
                 else:
                     log.warning("second signal: stopping now")

@@ -11,8 +11,7 @@ from typing import Any, Literal
 
 import anyio
 
-from supervisor.core.commands import Cancel, Changed, ProcessStarted
-from supervisor.core.commands import Submit as SubmitJobs
+from supervisor.core.commands import Cancel, Changed, ProcessStarted, SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase, waiting_ahead

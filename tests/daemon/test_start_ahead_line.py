@@ -31,7 +31,7 @@ async def line(
     )
     m.sched.can_follow = lambda _cards: True
     m.sched.can_chain = lambda _cards: chains
-    m.sched.short[KEY] = last_s
+    m.sched.last_run_s[KEY] = last_s
     await m.submit(*[spec()] * 6)
     await m.dispatch()
     await m.engine.do(Spawning(1, 1))
@@ -127,7 +127,7 @@ async def running_two(store: Store, *specs: JobSpec) -> Machine:
     a short kind that may be followed; the rest queued."""
     m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
     m.sched.can_follow = m.sched.can_chain = lambda _cards: True
-    m.sched.short[KEY] = 0.01
+    m.sched.last_run_s[KEY] = 0.01
     await m.submit(*specs)
     await m.dispatch()
     for job in (1, 2):
@@ -154,7 +154,7 @@ async def test_a_job_submitted_while_a_pass_commits_goes_to_the_idle_card_not_in
     woke starts the job on the card that is idle."""
     m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
     m.sched.can_follow = m.sched.can_chain = lambda _cards: True
-    m.sched.short[KEY] = 0.01
+    m.sched.last_run_s[KEY] = 0.01
     await m.submit(spec())
     await m.dispatch()
     await m.engine.do(Spawning(1, 1))
@@ -180,7 +180,7 @@ async def test_the_job_claimed_ahead_is_the_first_that_fits_beside_even_past_one
     beside the running job (host RAM), the plan reads on and claims the next that does."""
     m = Machine(store, cards=1, cpu_slots=0, wait_s=1e9)
     m.sched.can_follow = m.sched.can_chain = lambda _cards: True
-    m.sched.short[KEY] = 0.01
+    m.sched.last_run_s[KEY] = 0.01
     await m.submit(spec(mem_mb=50_000), spec(mem_mb=50_000), spec(mem_mb=1_000))
     await m.dispatch()
     await m.engine.do(Spawning(1, 1))
