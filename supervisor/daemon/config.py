@@ -330,6 +330,23 @@ def _deadline_from_env(env: Mapping[str, str], deadman: DeadmanConfig) -> Deadma
     return replace(deadman, abort_deadline_s=_TIMEOUT(value, DEADLINE_ENV))
 
 
+def _fit_probe(gpus: GpusConfig, deadman: DeadmanConfig, explicit: bool) -> GpusConfig:
+    """A card that does not answer at start must end up `lost`, not in the deadman's exit
+    70: the whole discovery (driver start-up, then every card's probe at once) runs under
+    the abort deadline, so the probe may take at most half of it. Left unset, the probe's
+    deadline shrinks to fit a short abort deadline; set too long, the config is refused."""
+    probe, abort = gpus.probe_deadline_s, deadman.abort_deadline_s
+    if probe <= abort / 2:
+        return gpus
+    if not explicit:
+        return replace(gpus, probe_deadline_s=abort / 2)
+    raise ConfigError(
+        f"gpus.probe_deadline_s ({probe:g}) must be at most half of "
+        f"deadman.abort_deadline_s ({abort:g}): a card that does not answer at start "
+        "would end every start in the deadman's exit 70 instead of being marked lost"
+    )
+
+
 def _parse_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, raw in flags.items():
@@ -354,9 +371,13 @@ def load(
     env = os.environ if env is None else env
     uid = os.getuid() if uid is None else uid
     try:
-        values = _parse_table(Config, _read_toml(path) if path is not None else {})
+        raw = _read_toml(path) if path is not None else {}
+        values = _parse_table(Config, raw)
         given = _parse_flags(flags or {})
         values["deadman"] = _deadline_from_env(env, values.get("deadman", DeadmanConfig()))
+        gpus_table = raw.get("gpus")
+        explicit = isinstance(gpus_table, dict) and "probe_deadline_s" in gpus_table
+        values["gpus"] = _fit_probe(values.get("gpus", GpusConfig()), values["deadman"], explicit)
     except ConfigError as exc:
         raise ConfigError(f"config: {exc}") from None
     file_socket, flag_socket = values.pop("socket", None), given.pop("socket", None)

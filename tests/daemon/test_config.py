@@ -518,3 +518,23 @@ def test_import_is_cheap() -> None:
     loaded = set(done.stdout.split())
     assert "supervisor" in loaded
     assert not loaded & {"tomllib", "structlog", "anyio", "psutil", "pynvml", "aiosqlite"}
+
+
+def test_a_card_probe_that_could_outlast_the_abort_deadline_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^config: gpus.probe_deadline_s \(10\) must be at most"):
+        load_text(tmp_path, "[gpus]\nprobe_deadline_s = 10\n[deadman]\nabort_deadline_s = 10")
+    three_of_five = r"probe_deadline_s \(3\) .* deadman.abort_deadline_s \(5\)"
+    with pytest.raises(ConfigError, match=three_of_five):
+        load_text(tmp_path, "[gpus]\nprobe_deadline_s = 3\n[deadman]\nabort_deadline_s = 5")
+    fits = load_text(tmp_path, "[gpus]\nprobe_deadline_s = 5\n[deadman]\nabort_deadline_s = 10")
+    assert fits.gpus.probe_deadline_s == 5.0
+
+
+def test_an_unset_card_probe_shrinks_to_fit_a_short_abort_deadline(tmp_path: Path) -> None:
+    short = load_text(tmp_path, "[deadman]\nabort_deadline_s = 6", env=USER_ENV)
+    assert short.gpus.probe_deadline_s == 3.0
+    env = {**USER_ENV, "GPUSVD_ABORT_DEADLINE_S": "2.5"}
+    assert load_text(tmp_path, "", env=env).gpus.probe_deadline_s == 1.25
+    assert load_text(tmp_path, "", env=USER_ENV).gpus.probe_deadline_s == 10.0
+    with pytest.raises(ConfigError, match="probe_deadline_s"):
+        load_text(tmp_path, "[gpus]\nprobe_deadline_s = 2", env=env)

@@ -137,3 +137,29 @@ def test_sigusr1_lets_go_of_the_cards_and_sigusr2_takes_them_back(
     )
     done = d.wait_done(job)
     assert done["state"] == "succeeded" and done["attempts"][0]["gpu_uuids"]
+
+
+def test_a_card_wedged_at_start_under_a_short_abort_deadline_is_lost_not_an_exit_70(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    """The probe's deadline fits itself under the abort deadline: one wedged card costs
+    that card, never the node."""
+    d = make_daemon(gpus="2x8G", env={"GPUSVD_ABORT_DEADLINE_S": "3"}, start=False)
+    d.set_card(0, wedged=True)
+    d.start()
+    assert [c["health"] for c in d.call({"type": "gpus"})["gpus"]] == ["lost", "ok"]
+    job = d.submit("true", gpus=1)
+    assert d.wait_done(job)["attempts"][0]["gpus"] == [1]
+    d.set_card(0, wedged=False)
+
+
+def test_a_card_probe_longer_than_the_abort_deadline_allows_is_refused_at_start(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    config = "[gpus]\nprobe_deadline_s = 10\n[deadman]\nabort_deadline_s = 10\n"
+    d = make_daemon(gpus="2x8G", config=config, start=False)
+    d.start(wait=False)
+    assert d.proc is not None
+    assert d.proc.wait(timeout=60) == 2
+    lines = [line for line in d.log_text().splitlines() if "probe_deadline_s" in line]
+    assert len(lines) == 1 and "at most half of deadman.abort_deadline_s" in lines[0], lines
