@@ -138,6 +138,9 @@ class Recover:
     # Open attempts of jobs no longer active (the daemon died between an attempt's end and
     # its job's): closed `interrupted`, so that no attempt stays open for ever.
     orphans: tuple[Attempt, ...] = ()
+    # Jobs whose open attempt has neither a pid nor a keeper's record: claimed, never
+    # started. The claim is released: no attempt row, nothing charged, queued again.
+    never_started: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -200,12 +203,40 @@ class CloseAttempt:
 
 
 @dataclass(frozen=True)
+class RecordStop:
+    """The stop intent of a running attempt (see Attempt.stop_reason)."""
+
+    job_id: int
+    n: int
+    reason: str
+    at: str
+    evidence: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class DropAttempt:
+    """A claim whose process never started: no attempt row may say it ran."""
+
+    job_id: int
+    n: int
+
+
+@dataclass(frozen=True)
 class MarkCleaned:
     ids: tuple[int, ...]
     at: str
 
 
-Write = InsertJob | SaveJob | SetPid | RecordHang | CloseAttempt | MarkCleaned
+Write = (
+    InsertJob
+    | SaveJob
+    | SetPid
+    | RecordHang
+    | CloseAttempt
+    | MarkCleaned
+    | RecordStop
+    | DropAttempt
+)
 
 
 # ---- actions ----------------------------------------------------------------------------
@@ -224,6 +255,7 @@ class Spawn:
 class Kill:
     job_id: int
     reprobe: int | None = None
+    since: float | None = None  # epoch of the stop's first signal: the grace counts from it
 
 
 @dataclass(frozen=True)

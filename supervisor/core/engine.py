@@ -20,6 +20,7 @@ from supervisor.core.commands import (
     CloseAttempt,
     Command,
     Dispatch,
+    DropAttempt,
     Ended,
     Forget,
     HangSeen,
@@ -31,6 +32,7 @@ from supervisor.core.commands import (
     ProcessStarted,
     Progress,
     Reclassify,
+    RecordStop,
     Recover,
     SaveJob,
     SetPid,
@@ -45,7 +47,8 @@ from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
-from supervisor.core.records import Attempt, Event, iso_at
+from supervisor.core.projection import Projection
+from supervisor.core.records import Attempt, Event, epoch_of, iso_at
 from supervisor.core.table import Live, Phase, Table, waiting_ahead
 
 # ---- the commands -----------------------------------------------------------------------
@@ -176,7 +179,7 @@ def _started(d: Draft, cmd: Started) -> None:
     d.out.writes.append(SetPid(attempt, job_started_at))
     d.out.actions.append(ProcessStarted(cmd.job_id, cmd.pid))
     if live.kill is not None:  # stopped while it was being started
-        d.out.actions.append(Kill(cmd.job_id))
+        d.out.actions.append(Kill(cmd.job_id, None, live.kill_since))
 
 
 def _ended(d: Draft, cmd: Ended) -> None:
@@ -215,18 +218,25 @@ def _stop(
         FailureReason.CANCELLED,
     )
     if live.kill is None or replaces:
+        since = live.kill_since if live.kill_since is not None else d.now.wall
         live = dataclasses.replace(
-            live, kill=reason, evidence=evidence, machine=machine or live.machine
+            live, kill=reason, evidence=evidence, machine=machine or live.machine, kill_since=since
         )
         d.changes.live[job_id] = live
     elif live.kill is reason:
         return  # already being stopped for this
     if live.phase is Phase.CLAIMED:  # no process yet, nor will there be
         d.end(job, live, Facts(status=None, killed_for=live.kill, kill_evidence=live.evidence))
-    elif live.phase is Phase.RUNNING or live.after is not None:
+        return
+    # Committed before the kill is sent or the stop acknowledged: a daemon that dies
+    # during the grace leaves its successor the intent, and the moment it began.
+    a = live.attempt
+    at = Now(live.kill_since or d.now.wall, 0.0).iso
+    d.out.writes.append(RecordStop(a.job_id, a.n, reason.value, at, live.evidence))
+    if live.phase is Phase.RUNNING or live.after is not None:
         # Started ahead, its keeper holds it back until its predecessor exits: told now,
         # it drops it (or kills it, if it has just started).
-        d.out.actions.append(Kill(job_id, reprobe))
+        d.out.actions.append(Kill(job_id, reprobe, live.kill_since))
 
 
 def _cancel(d: Draft, cmd: Cancel) -> None:
@@ -261,6 +271,62 @@ def _progress(d: Draft, cmd: Progress) -> None:
         d.set_job(dataclasses.replace(job, progress=cmd.match))
 
 
+def _stopped_meanwhile(d: Draft, job: Job, attempt: Attempt) -> None:
+    """A stop was committed, and its process is gone with its keeper: the stop's reason
+    decides the end (a cancel ends `cancelled` and runs nothing again), not the restart."""
+    reason = FailureReason(attempt.stop_reason or FailureReason.INTERRUPTED.value)
+    d.set_job(job)
+    live = _live(d, attempt, Phase.RUNNING, projection=None, vram_reserved_mb=0)
+    d.end(job, live, Facts(status=None, killed_for=reason, kill_evidence=attempt.stop_evidence))
+
+
+def _unclaimed(d: Draft, job: Job, attempt: Attempt) -> Job:
+    """Claimed, never started: the claim is released as if it had not been made. No
+    attempt row says it ran, nothing is charged, and the event says what happened."""
+    first = attempt.n == 1  # then the job never started at all
+    requeued = transition(
+        job,
+        JobState.QUEUED,
+        d.now.iso,
+        job.reason,
+        attempts=attempt.n - 1,
+        gpus=() if first else job.gpus,
+        started_at=None if first else job.started_at,
+    )
+    d.set_job(requeued)
+    d.out.writes.append(DropAttempt(attempt.job_id, attempt.n))
+    message = "claimed, but the daemon stopped before it started: queued again"
+    d.out.writes.append(SaveJob(requeued, d.now.iso, (Event("requeued", message),)))
+    return requeued
+
+
+def _live(
+    d: Draft,
+    attempt: Attempt,
+    phase: Phase,
+    *,
+    projection: Projection | None,
+    vram_reserved_mb: int,
+) -> Live:
+    """A live attempt taken back at start-up, next in dispatch order; a stop committed
+    before the restart comes with it."""
+    seq = (d.changes.seq if d.changes.seq is not None else d.table.seq) + 1
+    d.changes.seq = seq
+    reason = FailureReason(attempt.stop_reason) if attempt.stop_reason else None
+    return Live(
+        attempt=attempt,
+        cards=tuple(attempt.gpus),
+        seq=seq,
+        phase=phase,
+        projection=projection,
+        vram_reserved_mb=vram_reserved_mb,
+        claimed_mono=d.now.mono,
+        kill=reason,
+        evidence=attempt.stop_evidence,
+        kill_since=epoch_of(attempt.stop_at) if attempt.stop_at else None,
+    )
+
+
 def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
     """A job whose keeper still holds its attempt: running as stored, its cards taken.
     The pid comes from the keeper's record: a daemon killed before it committed the
@@ -276,19 +342,17 @@ def _adopt(d: Draft, job: Job, attempt: Attempt, cmd: Recover) -> None:
             job = dataclasses.replace(job, started_at=started)
         attempt = dataclasses.replace(attempt, pid=pid, pid_start=pid_start, started_at=started)
         d.out.writes.append(SetPid(attempt, job_started_at))
-    seq = (d.changes.seq if d.changes.seq is not None else d.table.seq) + 1
-    d.changes.seq = seq
     d.set_job(job)
-    d.changes.live[job.id] = Live(
-        attempt=attempt,
-        cards=tuple(attempt.gpus),
-        seq=seq,
-        phase=Phase.RUNNING,
+    live = d.changes.live[job.id] = _live(
+        d,
+        attempt,
+        Phase.RUNNING,
         projection=cmd.projections.get(job.id),
         vram_reserved_mb=cmd.vram_reserved.get(job.id, 0),
-        claimed_mono=d.now.mono,
     )
     d.out.actions.append(Changed(None, job))
+    if live.kill is not None:  # stopped before the restart: the stop goes on
+        d.out.actions.append(Kill(job.id, None, live.kill_since))
 
 
 def hold_refusal(job: Job, hold: bool) -> str | None:
@@ -329,7 +393,12 @@ def _recover(d: Draft, cmd: Recover) -> None:
         if job.state is JobState.RUNNING and attempt is not None and job.id in cmd.adopted:
             _adopt(d, job, attempt, cmd)
             continue
-        if job.state is JobState.RUNNING:
+        if job.state is JobState.RUNNING and attempt is not None and attempt.stop_reason:
+            _stopped_meanwhile(d, job, attempt)
+            continue
+        if job.state is JobState.RUNNING and attempt is not None and job.id in cmd.never_started:
+            job = _unclaimed(d, job, attempt)
+        elif job.state is JobState.RUNNING:
             message = "the daemon stopped while this attempt ran" + (
                 "; its leftover processes were killed" if job.id in cmd.killed else ""
             )

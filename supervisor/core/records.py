@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 _second = (0, "1970-01-01T00:00:00")  # the last second stamped, formatted
@@ -25,6 +26,11 @@ def iso_at(wall: float) -> str:
     return f"{_second[1]}.{us // 1000:03d}Z"
 
 
+def epoch_of(stamp: str) -> float:
+    """A records' stamp back to epoch seconds."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 @dataclass(frozen=True)
 class Attempt:
     job_id: int
@@ -43,6 +49,11 @@ class Attempt:
     peak_vram_mb: int | None = None
     evidence: dict[str, Any] | None = None
     gpu_uuids: tuple[str, ...] = ()
+    # Why the daemon is stopping it and since when (its first signal), committed before
+    # the stop is acted on or acknowledged: a restart carries the stop through.
+    stop_reason: str | None = None
+    stop_at: str | None = None
+    stop_evidence: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +69,7 @@ class Attempt:
             "peak_rss_mb": self.peak_rss_mb,
             "peak_vram_mb": self.peak_vram_mb,
             "evidence": self.evidence,
+            "stopping": self.stop_reason if self.ended_at is None else None,
         }
 
 

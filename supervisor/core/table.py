@@ -38,6 +38,7 @@ class Live:
     vram_reserved_mb: int
     claimed_mono: float
     kill: FailureReason | None = None  # the daemon killed it, or will once it runs
+    kill_since: float | None = None  # epoch of the stop's first signal: its grace counts from it
     evidence: dict[str, Any] | None = None
     machine: dict[str, Any] | None = None  # readings for a hang record, taken at detection
     after: tuple[int, int] | None = None  # started ahead: the (job, attempt) it follows

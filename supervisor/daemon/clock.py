@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
-from supervisor.core.records import iso_at
+from supervisor.core.records import epoch_of, iso_at
 
 
 def now_iso() -> str:
@@ -15,8 +14,7 @@ def now_iso() -> str:
 iso_from_epoch = iso_at  # the records' stamp, one format for all (core/records.py)
 
 
-def epoch_from_iso(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+epoch_from_iso = epoch_of
 
 
 monotonic = time.monotonic

@@ -100,6 +100,7 @@ class AttemptJson(TypedDict):
     peak_rss_mb: int | None
     peak_vram_mb: int | None
     evidence: dict[str, Any] | None
+    stopping: str | None  # a running attempt being stopped: the stop's reason
     rss_mb: NotRequired[int]  # a running attempt's tree now
 
 

@@ -112,7 +112,8 @@ def test_a_cancel_during_the_start_stops_the_attempt_once_it_has_a_process() -> 
     claimed(t, spec())
     run(t, c.Spawning(1, 1))
     out = run(t, c.Cancel(1))
-    assert out.writes == [] and out.actions == []  # no process to kill yet
+    stop = c.RecordStop(1, 1, "cancelled", NOW.iso)  # the intent, committed first
+    assert out.writes == [stop] and out.actions == []  # no process to kill yet
     assert t.jobs[1].state is JobState.RUNNING and t.live[1].kill is FailureReason.CANCELLED
     out = run(t, c.Started(1, 1, 4242, 1.5))
     assert kinds(out) == ["SetPid", "ProcessStarted", "Kill"]
@@ -126,7 +127,7 @@ def test_a_cancel_of_a_running_job_kills_it_and_it_ends_cancelled() -> None:
     run(t, c.Spawning(1, 1))
     run(t, c.Started(1, 1, 4242, 1.5))
     assert t.live[1].attempt.pid == 4242 and t.live[1].phase is Phase.RUNNING
-    assert kinds(run(t, c.Cancel(1))) == ["Kill"]
+    assert kinds(run(t, c.Cancel(1))) == ["RecordStop", "Kill"]
     assert kinds(run(t, c.Cancel(1))) == []  # already being stopped
     out = run(t, c.Ended(1, 1, Facts(OK)))  # it exited 0 as the signal came: cancelled all the same
     assert [a.new.state for a in out.actions if isinstance(a, c.Changed)] == [JobState.CANCELLED]
@@ -139,7 +140,7 @@ def test_a_drain_requeues_claimed_and_running_jobs_uncharged() -> None:
     run(t, c.Started(2, 1, 99, None))
     out = run(t, c.Stop(1, FailureReason.INTERRUPTED))
     assert events(out) == ["exited", "interrupted"] and t.jobs[1].state is JobState.QUEUED
-    assert kinds(run(t, c.Stop(2, FailureReason.INTERRUPTED))) == ["Kill"]
+    assert kinds(run(t, c.Stop(2, FailureReason.INTERRUPTED))) == ["RecordStop", "Kill"]
     run(t, c.Ended(2, 1, Facts(TERM)))
     assert t.jobs[2].state is JobState.QUEUED and t.jobs[2].ordinary_used == 0
 
@@ -153,7 +154,7 @@ def test_a_hang_kills_with_a_reprobe_and_records_the_machine_of_that_moment() ->
     run(t, c.Progress(1, "frame 17"))
     machine = {"gpu": 0, "at": "2023-11-14T22:13:19.000Z", "host_mem_available_mb": 900}
     out = run(t, c.HangSeen(1, 0, {"source": "kernel_log"}, machine))
-    assert out.actions == [c.Kill(1, 0)]
+    assert out.actions == [c.Kill(1, 0, NOW.wall)]
     out = run(t, c.Ended(1, 1, Facts(TERM)))
     (record,) = [w for w in out.writes if isinstance(w, c.RecordHang)]
     assert record.row["at"] == "2023-11-14T22:13:19.000Z"  # when seen, not when it ended

@@ -9,7 +9,7 @@ from supervisor.core.engine import step
 from supervisor.core.jobs import ExitStatus, FailureReason, JobState
 from supervisor.core.outcome import Facts
 from supervisor.core.table import Phase, Table, waiting_ahead
-from tests.core.test_engine_steps import HANG, ISO, run, running, spec
+from tests.core.test_engine_steps import HANG, ISO, NOW, run, running, spec
 
 LATER = c.Now(1_700_000_030.0, 530.0)
 LATER_ISO = "2023-11-14T22:13:50.000Z"
@@ -102,7 +102,7 @@ def test_cancelling_it_while_it_waits_tells_its_keeper_to_drop_it() -> None:
     t = Table()
     ahead(t)
     out = run(t, c.Cancel(2))
-    assert c.Kill(2) in out.actions and t.live[2].kill is FailureReason.CANCELLED
+    assert c.Kill(2, None, NOW.wall) in out.actions and t.live[2].kill is FailureReason.CANCELLED
     run(t, c.Ended(2, 1, Facts(None)))  # its keeper dropped it: no process ran
     assert 2 not in t.jobs and 2 not in t.live  # ended, no longer active
     assert 1 in t.live and t.live[1].kill is None  # the job before it runs on
@@ -121,7 +121,7 @@ def test_a_hang_of_its_card_while_it_waits_queues_it_again_charged_to_nothing() 
     t = Table()
     ahead(t)
     out = run(t, c.HangSeen(2, 0, HANG, {"gpu": 0}))
-    assert out.actions == [c.Kill(2, None)]  # no re-probe on its behalf
+    assert out.actions == [c.Kill(2, None, NOW.wall)]  # no re-probe on its behalf
     assert t.live[2].kill is FailureReason.INTERRUPTED
     out = run(t, c.Ended(2, 1, Facts(None)))
     (ended,) = [a for a in out.actions if isinstance(a, c.AttemptEnded)]
@@ -137,4 +137,4 @@ def test_a_hang_once_it_is_up_is_a_hang() -> None:
     run(t, c.Ended(1, 1, Facts(ExitStatus(0, None))))
     run(t, c.Started(2, 1, 202, None))
     out = run(t, c.HangSeen(2, 0, HANG, {"gpu": 0}))
-    assert out.actions == [c.Kill(2, 0)] and t.live[2].kill is FailureReason.GPU_HANG
+    assert out.actions == [c.Kill(2, 0, NOW.wall)] and t.live[2].kill is FailureReason.GPU_HANG

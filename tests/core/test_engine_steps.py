@@ -139,7 +139,7 @@ def test_a_started_process_is_recorded_and_killed_if_stopped_meanwhile() -> None
     assert t.live[1].phase is Phase.RUNNING and t.live[1].attempt == pid
     run(t, c.Cancel(2))
     out = run(t, c.Started(2, 1, 4343, None))
-    assert out.actions == [c.ProcessStarted(2, 4343), c.Kill(2)]
+    assert out.actions == [c.ProcessStarted(2, 4343), c.Kill(2, None, NOW.wall)]
 
 
 def test_an_end_closes_the_attempt_and_tells_the_cards() -> None:
@@ -224,7 +224,9 @@ def test_readings_at_an_end_without_hang_evidence_are_not_the_hang_s() -> None:
 def test_a_stop_kills_with_the_card_to_probe_again() -> None:
     t = Table()
     running(t, spec())
-    assert run(t, c.Stop(1, R.OOM_KILLED, {"source": "squeeze_guard"}, 3)).actions == [c.Kill(1, 3)]
+    out = run(t, c.Stop(1, R.OOM_KILLED, {"source": "squeeze_guard"}, 3))
+    assert out.actions == [c.Kill(1, 3, NOW.wall)]
+    assert out.writes == [c.RecordStop(1, 1, "oom_killed", NOW.iso, {"source": "squeeze_guard"})]
 
 
 def test_a_hang_replaces_the_reason_of_a_stop_under_way() -> None:

@@ -50,6 +50,7 @@ async def reconcile(
     kept = await keepers.ensure_all() if keepers is not None else {}
     adopted: dict[int, KeptProcess] = {}
     killed: set[int] = set()
+    never_started: set[int] = set()
     for job in jobs:
         await book.load(job.spec.mem_key)
         attempt = open_attempts.get(job.id)
@@ -59,6 +60,12 @@ async def reconcile(
         if proc is not None and not proc.record.lost:
             adopted[job.id] = kept.pop((job.id, attempt.n))
             log.info("attempt taken back", job_id=job.id, attempt=attempt.n, pid=proc.pid)
+            continue
+        if proc is None and attempt.pid is None:
+            # No pid stored, no keeper's record: its keeper never started it (the record
+            # is written before the command may run). The claim is released.
+            never_started.add(job.id)
+            log.info("claim released: it never started", job_id=job.id, attempt=attempt.n)
             continue
         # Started before keepers, or its record is gone: by pid and start time, as before.
         if proc is None and attempt.pid:
@@ -85,6 +92,7 @@ async def reconcile(
         {i: book.projection(spec) for i, spec in specs.items()},  # it counts as it did
         {i: book.vram_need(spec) or 0 for i, spec in specs.items()},
         tuple(a for a in open_attempts.values() if a.job_id not in active),
+        frozenset(never_started),
     )
     await engine.do(found)
     for job_id, proc in adopted.items():

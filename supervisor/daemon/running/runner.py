@@ -339,6 +339,8 @@ class Runner:
         if order.reprobe is not None:
             await self._drop_behind(order.job_id)
         handle, grace, card = p.handle, self.cfg.jobs.kill_grace_s, order.reprobe
+        if order.since is not None:  # a stop begun before a restart: its grace goes on
+            grace = max(0.0, grace - (time.time() - order.since))
         backend = self.monitor.backend
 
         def abort() -> None:

@@ -9,9 +9,11 @@ from typing import Any
 
 from supervisor.core.commands import (
     CloseAttempt,
+    DropAttempt,
     InsertJob,
     MarkCleaned,
     RecordHang,
+    RecordStop,
     SaveJob,
     SetPid,
     Write,
@@ -20,6 +22,7 @@ from supervisor.core.records import Event
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.schema import (
     INSERT_EVENT,
+    RECORD_STOP,
     UPDATE_JOB,
     _event_params,
     _finish_attempt,
@@ -125,24 +128,35 @@ def transaction(
         db.executemany(UPDATE_JOB, [_job_params(w.job) for w in saves])
         db.executemany(INSERT_EVENT, events)
         for other in writes:
-            if isinstance(other, SetPid):
-                a = other.attempt
-                db.execute(
-                    "UPDATE attempts SET pid=?, pid_start=?, started_at=? WHERE job_id=? AND n=?",
-                    (a.pid, a.pid_start, a.started_at, a.job_id, a.n),
-                )
-                if other.job_started_at is not None:
-                    db.execute(
-                        "UPDATE jobs SET started_at=? WHERE id=?", (other.job_started_at, a.job_id)
-                    )
-            elif isinstance(other, RecordHang):
-                db.execute(INSERT_HANG, _hang_params(other.row))
-            elif isinstance(other, CloseAttempt):
-                _finish_attempt(db, other.attempt)
-            elif isinstance(other, MarkCleaned):
-                db.executemany(
-                    "UPDATE jobs SET cleaned_at = ? WHERE id = ? AND cleaned_at IS NULL",
-                    [(other.at, job_id) for job_id in other.ids],
-                )
+            if not isinstance(other, InsertJob | SaveJob):
+                _one(db, other)
 
     return op
+
+
+def _one(db: sqlite3.Connection, w: Write) -> None:
+    """A write that is neither a job's insert nor its save."""
+    match w:
+        case SetPid(attempt=a):
+            db.execute(
+                "UPDATE attempts SET pid=?, pid_start=?, started_at=? WHERE job_id=? AND n=?",
+                (a.pid, a.pid_start, a.started_at, a.job_id, a.n),
+            )
+            if w.job_started_at is not None:
+                db.execute("UPDATE jobs SET started_at=? WHERE id=?", (w.job_started_at, a.job_id))
+        case RecordHang():
+            db.execute(INSERT_HANG, _hang_params(w.row))
+        case CloseAttempt():
+            _finish_attempt(db, w.attempt)
+        case RecordStop():
+            evidence = json.dumps(w.evidence) if w.evidence else None
+            db.execute(RECORD_STOP, (w.reason, w.at, evidence, w.job_id, w.n))
+        case DropAttempt():
+            db.execute(
+                "DELETE FROM attempts WHERE job_id=? AND n=? AND pid IS NULL", (w.job_id, w.n)
+            )
+        case MarkCleaned():
+            db.executemany(
+                "UPDATE jobs SET cleaned_at = ? WHERE id = ? AND cleaned_at IS NULL",
+                [(w.at, job_id) for job_id in w.ids],
+            )

@@ -15,7 +15,7 @@ from typing import Any
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -107,6 +107,13 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN cleaned_at TEXT;
     """,
+    # A stop (cancel, --time, a hang, a drain) is an intent committed before it is acted
+    # on: the next daemon carries it through a restart.
+    5: """
+    ALTER TABLE attempts ADD COLUMN stop_reason TEXT;
+    ALTER TABLE attempts ADD COLUMN stop_at TEXT;
+    ALTER TABLE attempts ADD COLUMN stop_evidence TEXT;
+    """,
 }
 
 
@@ -192,13 +199,18 @@ def _row_to_attempt(row: Sequence[Any]) -> Attempt:
         mem_key=row[13],
         mem_scale=row[14],
         gpu_uuids=tuple(json.loads(row[15])) if row[15] else (),
+        stop_reason=row[16],
+        stop_at=row[17],
+        stop_evidence=json.loads(row[18]) if row[18] else None,
     )
 
 
-ATTEMPT_COLUMNS = (
+_INSERTED_ATTEMPT_COLUMNS = (
     "job_id, n, gpus, pid, pid_start, started_at, ended_at, exit_code, signal, reason, "
     "peak_rss_mb, peak_vram_mb, evidence, mem_key, mem_scale, gpu_uuids"
 )
+ATTEMPT_COLUMNS = f"{_INSERTED_ATTEMPT_COLUMNS}, stop_reason, stop_at, stop_evidence"
+RECORD_STOP = "UPDATE attempts SET stop_reason=?, stop_at=?, stop_evidence=? WHERE job_id=? AND n=?"
 
 
 UPDATE_JOB = (
@@ -243,7 +255,8 @@ def _insert_event(db: sqlite3.Connection, job_id: int | None, at: str, ev: Event
 
 def _insert_attempt(db: sqlite3.Connection, a: Attempt) -> None:
     db.execute(
-        f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO attempts ({_INSERTED_ATTEMPT_COLUMNS}) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             a.job_id,
             a.n,
