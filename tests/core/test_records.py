@@ -4,6 +4,7 @@ ones (the job id, the memory key and scale, the pid's start time) left out."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from supervisor.core.records import Attempt, iso_at
@@ -41,6 +42,7 @@ def test_an_ended_attempt_shows_every_field_under_its_name() -> None:
         "peak_rss_mb": 2048,
         "peak_vram_mb": 7000,
         "evidence": {"source": "kernel"},
+        "stopping": None,
     }
 
 
@@ -59,6 +61,7 @@ def test_a_fresh_attempt_shows_what_is_not_known_yet_as_null() -> None:
         "peak_rss_mb": None,
         "peak_vram_mb": None,
         "evidence": None,
+        "stopping": None,
     }
 
 
@@ -85,3 +88,10 @@ def test_a_stamp_is_the_one_datetime_gives_in_any_order_and_at_every_rounding_ed
     rng.shuffle(walls)
     assert [iso_at(w) for w in walls] == [_datetime_stamp(w) for w in walls]
     assert iso_at(1_764_633_600.9999996) == "2025-12-02T00:00:01.000Z"
+
+
+def test_a_running_attempt_being_stopped_says_why_and_an_ended_one_does_not() -> None:
+    stopping = Attempt(3, 1, (0,), "2026-01-01T00:00:00.000Z", "k", stop_reason="cancelled")
+    assert stopping.to_json()["stopping"] == "cancelled"
+    ended = replace(stopping, ended_at="2026-01-01T00:00:09.000Z", reason="cancelled")
+    assert ended.to_json()["stopping"] is None
