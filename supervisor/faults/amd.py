@@ -36,6 +36,21 @@ _LOST = _any(
     r"ASIC reset failed",
     r"\b(?:mode ?[012]|BACO) reset failed",
     r"Emergency reboot",
+    # A card that fails to come up: its firmware cannot be found or started. amdgpu_psp.c
+    # (psp_sw_init "Failed to load psp firmware!", psp_init_toc_microcode "fail to
+    # request/validate toc microcode", psp_hw_start "PSP create ring failed!" / "PSP load %s
+    # failed!", psp_hw_init / psp_load_fw "PSP firmware loading failed", psp_resume "PSP
+    # resume failed", psp_get_fw_type "Unknown firmware type"), amdgpu_device.c
+    # amdgpu_device_parse_gpu_info_fw "Failed to load gpu_info firmware", pm/swsmu
+    # smu_start_smc_engine "SMC engine is not correctly up!", powerplay pp_dpm_load_fw "fw
+    # load failed". Firmware amdgpu asks for is required (optional blobs are requested
+    # without a warning), so the firmware loader's own "Direct firmware load for amdgpu/...
+    # failed" (FreeBSD: "could not load firmware image 'amdgpu/...'") is the same failure.
+    r"\bPSP (?:create ring|resume|firmware loading|load \w+|tmr init|hw init)\w* failed",
+    r"Failed to load psp firmware|fail to request/validate \w+ microcode",
+    r"Unknown firmware type|Failed to load gpu_info firmware",
+    r"Direct firmware load for amdgpu/\S+ failed|could not load firmware image 'amdgpu/",
+    r"SMC engine is not correctly up|\bSMC is not ready|\bfw load failed",
 )
 _RESET_END = re.compile(r"GPU reset end with ret = (-?\d+)", re.I)
 
@@ -81,10 +96,13 @@ _HANG = _any(
     r"failed to send message \w+ ret is|last message was failed",  # powerplay: SMU gone quiet
     r"Poison (?:is )?consum|ERREVENT_|\[Hardware Error\]",
     r"GPU lockup|stalled for more than|GPU softreset",
-    # PSP (the security processor that loads firmware and resets the GPU) failing.
-    r"\bPSP (?:load tmr|create ring|resume|firmware loading|ring (?:create|stop|destroy)|"
-    r"load \w+|reset|suspend|hw init)\w* failed",
-    r"psp gfx command (?!LOAD_TA|INVOKE_CMD)\w+\(0x[0-9a-f]+\) failed",
+    # PSP (the security processor that loads firmware and resets the GPU) failing on a
+    # running card; its failures to come up are in _LOST.
+    r"\bPSP (?:ring (?:stop|destroy)|reset|suspend)\w* failed",
+    # psp_cmd_submit_buf() only warns when a command answers with an error status: a
+    # trusted application or one IP's firmware that does not load leaves the card running
+    # (a load that matters fails the init with a message of its own, in _LOST).
+    r"psp gfx command (?!LOAD_TA|INVOKE_CMD|LOAD_IP_FW)\w+\(0x[0-9a-f]+\) failed",
     r"failed to (?:load|start|stop|terminate) (?:psp|the psp)",
     # MES queue and pipe resets, and the register waits MES runs for the driver.
     r"reset via MES failed|\breset (?:compute|gfx|sdma) queue\b",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from supervisor.faults import amd, nvidia
+from supervisor.faults import amd, nvidia, pcicore
 
 Vendor = Literal["nvidia", "amd"]
 
@@ -87,8 +87,10 @@ def message_of(line: str) -> str:
 _FULL_BDF = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", re.I)
 _LEGACY_BUS = re.compile(r"([0-9a-f]{4}):([0-9a-f]{2})", re.I)  # old `Xid (0003:00)`
 _GPU_ID = re.compile(r"\[?\s*GPU ID\s+0x([0-9a-f]{1,8})\s*\]?", re.I)  # nvidia-drm
-_MIG_SUFFIX = re.compile(r"\s+GPU-I:\s*\w+$", re.I)
-_MIG_INSTANCE = re.compile(r"\bXid\s*\([^)]*\bGPU-I:\s*(\d+)\)", re.I)
+# NVIDIA/open-gpu-kernel-modules kernel_rc.c prints "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u"
+# when a MIG compute instance is known, "... GPU-I:%02u" when only the GPU instance is.
+_MIG_SUFFIX = re.compile(r"\s+GPU-I:\s*\w+(?:\s+GPU-CI:\s*\w+)?$", re.I)
+_MIG_INSTANCE = re.compile(r"\bXid\s*\([^)]*\bGPU-I:\s*(\d+)(?:\s+GPU-CI:\s*\d+)?\)", re.I)
 
 
 def normalize_bus_id(text: str) -> str | None:
@@ -143,7 +145,7 @@ _NVRM = re.compile(r"\bNVRM\b")
 # amdgpu's IP-block function names (FreeBSD prints them as "[drm ERROR :mes_v11_0_...]").
 _AMD = re.compile(
     r"amdgpu|\bkfd\b|\bradeon\b|\[(?:gfx|mm)hub\d*\]|UTCL2|VRAM is lost"
-    r"|\b(?:mes|gfx|sdma|psp|gmc|smu|vcn)_v\d+_\d",
+    r"|\b(?:mes|gfx|sdma|psp|gmc|smu|vcn)_v\d+_\d|\[drm(?::|\s+ERROR\s+:)psp_",
     re.I,
 )
 # GSP firmware reports that the driver prints without its NVRM prefix.
@@ -180,7 +182,9 @@ def classify(line: str, *, previous: Classification | None = None) -> Classifica
         return Classification(line, None, FaultClass.BENIGN, None, None)
     bus_id = _find_bus_id(message)
     xid: int | None = None
-    if vendor == "nvidia":
+    if pcicore.lost(message):
+        verdict: nvidia.Verdict = nvidia.LOST
+    elif vendor == "nvidia":
         verdict, xid = nvidia.classify(message)
         if verdict == "benign" and nvidia.CONTINUATION.match(message):
             verdict = _nvidia_context(previous) or verdict

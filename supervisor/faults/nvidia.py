@@ -235,16 +235,22 @@ _XID = re.compile(r"\bXid\s*\(([^)]*)\):\s*(\d+)\b(.*)", re.S)
 _FATAL = re.compile(r"(?<![-\w])fatal\b", re.I)
 _NONFATAL = re.compile(r"\bnon-?fatal\b", re.I)
 _RECOVERY_TO = re.compile(r"\bto\s+0x([0-9a-f]+)\s*(?:\(([^)]*)\))?", re.I)
-# nvmlDeviceGpuRecoveryAction_t: NONE, GPU_RESET, NODE_REBOOT, DRAIN_P2P, DRAIN_AND_RESET,
-# RECOVER_IMEX_DOMAIN, BUS_RESET, SYSTEM_REBOOT.
+# Xid 154 names the action the GPU now needs (NVIDIA/open-gpu-kernel-modules gpu.c
+# _gpuRecoveryActionName; NVML's "Recovery action flag"): one that resets the GPU or the node
+# ("GPU Reset Required", "PF FLR", "Drain and Reset", "Node Reboot Required") means the card
+# cannot serve until then, so it is lost; "None" means it recovered; "Drain P2P" only stops
+# peer-to-peer traffic until the action is queried again. By number, where the name is
+# missing (nvmlDeviceGpuRecoveryAction_t): NONE, GPU_RESET, NODE_REBOOT, DRAIN_P2P,
+# DRAIN_AND_RESET, RECOVER_IMEX_DOMAIN, BUS_RESET, SYSTEM_REBOOT.
+_NEEDS_RESET = re.compile(r"reset|reboot|\bflr\b", re.I)
 _RECOVERY_ACTIONS: dict[int, Verdict] = {
     0: BENIGN,
-    1: HANG,
+    1: LOST,
     2: LOST,
     3: HANG,
-    4: HANG,
+    4: LOST,
     5: HANG,
-    6: HANG,
+    6: LOST,
     7: LOST,
 }
 
@@ -282,6 +288,13 @@ _LOST = re.compile(
             r"kfspSendBootCommands|FSP command queue|kfspPollForQueueEmpty",
             r"Cannot initialize GSP|GSP (?:firmware )?(?:init|boot)\w* failed",
             r"API_GPU_ATTACHED_SANITY_CHECK failed",  # follows Xid 79: nothing is attached
+            # GSP boot steps that fail (kernel_gsp*.c: kgspBootstrap_GH100 "GSP-FMC reported
+            # an error while attempting to boot GSP", the FWSEC and Booter ucodes that set it
+            # up), and a GSP that cannot be unloaded to suspend (gpu_pm "GSP unload failed at
+            # suspend"): the card is unusable until reset.
+            r"GSP-FMC reported an error|returned from kgsp(?:PrepareForBootstrap|Bootstrap)",
+            r"failed to prepare interface data for FWSEC|Booter failed with non-zero error",
+            r"GSP unload failed",
         )
     ),
     re.I | re.M,
@@ -292,6 +305,9 @@ _HANG = re.compile(
             r"GPU is probably locked|\bRC watchdog\b",
             r"PMU has halted|PmuHalted",
             r"Rate limiting GSP RPC|likely needs to be reset",
+            # kernel_gsp.c _kgspRpcRecvPoll after three RPC timeouts in a row: "Back to back
+            # GSP RPC timeout detected! GPU marked for reset".
+            r"GPU marked for reset",
             r"Timeout after \d+\s*s of waiting for RPC response",
             r"_kgspLogXid119|\bGSP Timeout\b",
             r"GSP(?:-RM)? (?:has )?crashed",
@@ -336,12 +352,12 @@ def _recovery_action(detail: str) -> Verdict:
     m = _RECOVERY_TO.search(detail)
     if m is None:
         return HANG
-    name = (m.group(2) or "").lower()
+    name = (m.group(2) or "").strip()
+    if name.lower() == "none":
+        return BENIGN
+    if _NEEDS_RESET.search(name):
+        return LOST
     if name:
-        if name == "none":
-            return BENIGN
-        if "reboot" in name:
-            return LOST
         return HANG
     return _RECOVERY_ACTIONS.get(int(m.group(1), 16), HANG)
 

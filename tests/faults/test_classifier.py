@@ -175,7 +175,7 @@ def test_xid_table_covers_the_catalog_with_mnemonics() -> None:
         (
             154,
             "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-            "gpu_hang",
+            "gpu_lost",
         ),
         (
             154,
