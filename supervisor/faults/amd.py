@@ -52,6 +52,20 @@ _LOST = _any(
     r"Direct firmware load for amdgpu/\S+ failed|could not load firmware image 'amdgpu/",
     r"SMC engine is not correctly up|\bSMC is not ready|\bfw load failed",
 )
+# Every pattern of _LOST holds one of these words (lower case). Most amdgpu lines hold none,
+# and testing for them costs far less than the search, which every amdgpu line would pay.
+_LOST_WORDS = (
+    "fail",
+    "disabled",
+    "lost from bus",
+    "wedged",
+    "unplugged",
+    "fatal error",
+    "emergency",
+    "unknown firmware",
+    "could not load",
+    "smc",
+)
 _RESET_END = re.compile(r"GPU reset end with ret = (-?\d+)", re.I)
 
 # A ring, queue or the whole GPU hung or was reset; the work in flight on it is lost.
@@ -140,7 +154,8 @@ def classify(message: str, *, context: Verdict | None = None) -> Verdict:
     `context` is the verdict of the fault header this line may follow: process and detail
     lines take it, or app_fault without one (most such lines belong to page faults).
     """
-    if _LOST.search(message):
+    lower = message.lower()
+    if any(word in lower for word in _LOST_WORDS) and _LOST.search(message):
         return LOST
     end = _RESET_END.search(message)
     if end is not None:

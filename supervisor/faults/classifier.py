@@ -145,9 +145,11 @@ _NVRM = re.compile(r"\bNVRM\b")
 # amdgpu's IP-block function names (FreeBSD prints them as "[drm ERROR :mes_v11_0_...]").
 _AMD = re.compile(
     r"amdgpu|\bkfd\b|\bradeon\b|\[(?:gfx|mm)hub\d*\]|UTCL2|VRAM is lost"
-    r"|\b(?:mes|gfx|sdma|psp|gmc|smu|vcn)_v\d+_\d|\[drm(?::|\s+ERROR\s+:)psp_",
+    r"|\b(?:mes|gfx|sdma|psp|gmc|smu|vcn)_v\d+_\d",
     re.I,
 )
+# amdgpu's PSP functions in "[drm:psp_sw_init] *ERROR* ..." (FreeBSD: "[drm ERROR :psp_...]").
+_AMD_PSP = re.compile(r"\[drm(?::|\s+ERROR\s+:)psp_")
 # GSP firmware reports that the driver prints without its NVRM prefix.
 _NVIDIA = re.compile(r"nvidia|\bGSP task (?:watchdog|panic|exception)|GSP-CrashCat", re.I)
 # Plain "[drm]" lines that only the AMD driver prints.
@@ -165,7 +167,7 @@ def _vendor(message: str) -> Vendor | None:
         return "amd"
     if _NVIDIA.search(message):
         return "nvidia"
-    if _AMD_DRM.search(message):
+    if _AMD_DRM.search(message) or ("psp_" in message and _AMD_PSP.search(message)):
         return "amd"
     return None
 

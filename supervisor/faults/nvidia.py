@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Literal, NamedTuple
 
+from supervisor.faults import recovery
+
 Verdict = Literal["gpu_hang", "gpu_lost", "app_fault", "benign"]
 HANG: Verdict = "gpu_hang"
 LOST: Verdict = "gpu_lost"
@@ -234,26 +236,6 @@ _XID = re.compile(r"\bXid\s*\(([^)]*)\):\s*(\d+)\b(.*)", re.S)
 # "Nonfatal" and "Non-fatal" name the same events as harmless.
 _FATAL = re.compile(r"(?<![-\w])fatal\b", re.I)
 _NONFATAL = re.compile(r"\bnon-?fatal\b", re.I)
-_RECOVERY_TO = re.compile(r"\bto\s+0x([0-9a-f]+)\s*(?:\(([^)]*)\))?", re.I)
-# Xid 154 names the action the GPU now needs (NVIDIA/open-gpu-kernel-modules gpu.c
-# _gpuRecoveryActionName; NVML's "Recovery action flag"): one that resets the GPU or the node
-# ("GPU Reset Required", "PF FLR", "Drain and Reset", "Node Reboot Required") means the card
-# cannot serve until then, so it is lost; "None" means it recovered; "Drain P2P" only stops
-# peer-to-peer traffic until the action is queried again. By number, where the name is
-# missing (nvmlDeviceGpuRecoveryAction_t): NONE, GPU_RESET, NODE_REBOOT, DRAIN_P2P,
-# DRAIN_AND_RESET, RECOVER_IMEX_DOMAIN, BUS_RESET, SYSTEM_REBOOT.
-_NEEDS_RESET = re.compile(r"reset|reboot|\bflr\b", re.I)
-_RECOVERY_ACTIONS: dict[int, Verdict] = {
-    0: BENIGN,
-    1: LOST,
-    2: LOST,
-    3: HANG,
-    4: LOST,
-    5: HANG,
-    6: LOST,
-    7: LOST,
-}
-
 _LOST = re.compile(
     "|".join(
         (
@@ -299,6 +281,30 @@ _LOST = re.compile(
     ),
     re.I | re.M,
 )
+# Every pattern of _LOST holds one of these words (lower case); testing for them first spares
+# most NVRM lines the search.
+_LOST_WORDS = (
+    "fallen off",
+    "lost",
+    "fail",
+    "cannot",
+    "probe",
+    "none of the",
+    "no nvidia",
+    "wpr2",
+    "bad state",
+    "gsp",
+    "power cables",
+    "non-zero usage",
+    "i/o region",
+    "fatal error",
+    "os reboot",
+    "the nvidia gpu",
+    "installed in this system",
+    "open kernel modules",
+    "status",
+    "fsp",
+)
 _HANG = re.compile(
     "|".join(
         (
@@ -341,25 +347,11 @@ def match_xid(message: str) -> tuple[str, int, str] | None:
 
 def classify_xid(xid: int, detail: str) -> Verdict:
     if xid == 154:
-        return _recovery_action(detail)
+        return recovery.verdict(detail)
     if 144 <= xid <= 150 and _NONFATAL.search(detail) and not _FATAL.search(detail):
         return BENIGN
     entry = XID_CATALOG.get(xid)
     return entry.verdict if entry is not None else UNKNOWN_XID
-
-
-def _recovery_action(detail: str) -> Verdict:
-    m = _RECOVERY_TO.search(detail)
-    if m is None:
-        return HANG
-    name = (m.group(2) or "").strip()
-    if name.lower() == "none":
-        return BENIGN
-    if _NEEDS_RESET.search(name):
-        return LOST
-    if name:
-        return HANG
-    return _RECOVERY_ACTIONS.get(int(m.group(1), 16), HANG)
 
 
 _RC_ALL = re.compile(r"RC all channels for critical error (\d+)", re.I)
@@ -375,7 +367,8 @@ def classify(message: str) -> tuple[Verdict, int | None]:
     rc_all = _RC_ALL.search(message)
     if rc_all is not None:  # the driver tore every channel down for that Xid: its verdict
         return classify_xid(int(rc_all.group(1)), ""), None
-    if _LOST.search(message):
+    lower = message.lower()
+    if any(word in lower for word in _LOST_WORDS) and _LOST.search(message):
         return LOST, None
     if _HANG.search(message):
         return HANG, None
