@@ -69,6 +69,7 @@ FLOOD = """
 import os, socket, sys, time
 path, n, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 held, opened, end, ready = [], 0, time.monotonic() + 120, False
+reopened = False
 while time.monotonic() < end and not os.path.exists(stop):
     held = [s for s in held if s.fileno() >= 0]
     while len(held) < n:
@@ -82,6 +83,9 @@ while time.monotonic() < end and not os.path.exists(stop):
         s.setblocking(False)
         held.append(s)
         opened += 1
+        if opened > n and not reopened:
+            print("reopened", flush=True)
+            reopened = True
     if not ready:
         print("ready", flush=True)
         ready = True
@@ -150,6 +154,8 @@ def test_one_users_idle_flood_neither_refuses_another_nor_stops_the_watchdog(
             what="WATCHDOG=1 during the flood",
         )
         assert flood.poll() is None  # all of it happened while the flood went on
+        # The flood pressed the limit: the daemon closed some of its connections.
+        assert flood.stdout.readline().strip() == "reopened"
         stop.touch()
         out, _ = flood.communicate(timeout=60)
     finally:

@@ -187,6 +187,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         idle_timeout_s=cfg.limits.idle_timeout_s,
         admit=access.admit,
         on_close=api.verbs.connection_closed,
+        kept=api.verbs.holds_run_jobs,
     )
     return Parts(
         cfg,

@@ -118,6 +118,10 @@ class Verbs:
 
     # ---- run: a job tied to its client's connection ----------------------------------
 
+    def holds_run_jobs(self, conn: int) -> bool:
+        """Whether closing this connection would cancel `run` jobs."""
+        return bool(self.bound.get(conn))
+
     def bind(self, peer: Peer, job_id: int) -> None:
         self.bound.setdefault(peer.conn, set()).add(job_id)
 

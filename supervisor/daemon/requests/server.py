@@ -24,6 +24,8 @@ import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from supervisor.daemon.clock import monotonic
+from supervisor.daemon.requests.connections import Connections, Held
 from supervisor.wire import protocol
 from supervisor.wire.protocol import ProtocolError, Request
 
@@ -56,6 +58,13 @@ _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOM
 
 async def _nothing(_peer: Peer) -> None:
     return None
+
+
+def _is_health(line: bytes) -> bool:
+    try:
+        return protocol.decode_request(line).type == "health"
+    except ProtocolError:
+        return False
 
 
 def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
@@ -143,17 +152,17 @@ class Server:
         max_per_user: int = 64,
         idle_timeout_s: float = 30.0,
         on_close: Callable[[Peer], Awaitable[None]] | None = None,
+        kept: Callable[[int], bool] = lambda _conn: False,
     ) -> None:
         self.path = path
         self.handler = handler
         self.mode = mode
         self.group = group
         self.admit = admit
-        self.max_connections = max_connections
-        self.max_per_user = max_per_user
         self.idle_timeout_s = idle_timeout_s
-        self.connections = 0
-        self.by_uid: dict[int, int] = {}
+        # `kept`: connections never closed to make room (a `run` client's: closing it
+        # would cancel its job).
+        self.held = Connections(max_connections, max_per_user, kept)
         self.me = os.getpid()
         self.serial = 0
         # Told of every admitted connection's end.
@@ -161,8 +170,7 @@ class Server:
 
     def set_limits(self, max_connections: int, max_per_user: int, idle_timeout_s: float) -> None:
         """New connection limits (a reload): connections already open keep theirs."""
-        self.max_connections = max_connections
-        self.max_per_user = max_per_user
+        self.held.max_total, self.held.max_per_user = max_connections, max_per_user
         self.idle_timeout_s = idle_timeout_s
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -205,38 +213,36 @@ class Server:
                 peer = peer_of(conn.extra(anyio.abc.SocketAttribute.raw_socket), self.serial)
             except OSError:
                 return  # the client is already gone
-            busy = self._over_limit(peer)
+            # The daemon's own check-in (its ping of its own socket) never waits for room:
+            # a flood must not stop WATCHDOG=1.
+            busy = None if peer.pid == self.me else self.held.room_for(peer.uid, monotonic())
             if busy is not None:  # answered, and the descriptor given back, at once
-                with anyio.move_on_after(1.0), contextlib.suppress(Exception):
-                    await conn.send(protocol.encode(ProtocolError(protocol.BUSY, busy).to_json()))
+                await self._refuse_but_health(conn, peer, busy)
                 return
-            self.connections += 1
-            self.by_uid[peer.uid] = self.by_uid.get(peer.uid, 0) + 1
-            try:
-                await self._serve(conn, peer)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
-                pass
-            except Exception:  # one connection must never take the server down
-                log.exception("connection failed")
-            finally:
-                self.connections -= 1
-                self.by_uid[peer.uid] -= 1
-                if not self.by_uid[peer.uid]:
-                    del self.by_uid[peer.uid]
+            with anyio.CancelScope() as scope:
+                held = Held(peer.conn, peer.uid, scope)
+                self.held.add(held)
+                try:
+                    await self._serve(conn, peer, held)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
+                    pass
+                except Exception:  # one connection must never take the server down
+                    log.exception("connection failed")
+                finally:
+                    self.held.release(held.serial)
+            if scope.cancelled_caught:
+                log.info("idle connection closed to make room", peer_uid=peer.uid)
 
-    def _over_limit(self, peer: Peer) -> str | None:
-        """Why this connection is refused `busy`, or None. The daemon's own check-in (its
-        ping of its own socket) is never refused: a flood must not stop WATCHDOG=1."""
-        if peer.pid == self.me:
-            return None
-        if self.by_uid.get(peer.uid, 0) >= self.max_per_user:
-            return (
-                f"uid {peer.uid} holds its limit of {self.max_per_user} connections to "
-                "gpusvd; retry"
-            )
-        if self.connections >= self.max_connections:
-            return f"gpusvd is serving its limit of {self.max_connections} connections; retry"
-        return None
+    async def _refuse_but_health(self, conn: anyio.abc.SocketStream, peer: Peer, why: str) -> None:
+        """No room: the request is answered `busy`, unless it is a health check, which is
+        never refused (a node's health program must not read a full daemon as a dead one)."""
+        with anyio.move_on_after(1.0), contextlib.suppress(Exception):
+            line = await BufferedByteReceiveStream(conn).receive_until(b"\n", REFUSED_READ)
+            if _is_health(line):
+                await self._send(conn, await self._answer(line, peer))
+                return
+        with anyio.move_on_after(1.0), contextlib.suppress(Exception):
+            await conn.send(protocol.encode(ProtocolError(protocol.BUSY, why).to_json()))
 
     async def _refuse(self, conn: anyio.abc.SocketStream, code: str, message: str) -> None:
         """Answer, then take (and drop) the request the client is sending: closing with it
@@ -247,22 +253,25 @@ class Server:
             with contextlib.suppress(anyio.DelimiterNotFound, anyio.IncompleteRead):
                 await BufferedByteReceiveStream(conn).receive_until(b"\n", REFUSED_READ)
 
-    async def _serve(self, conn: anyio.abc.SocketStream, peer: Peer) -> None:
+    async def _serve(self, conn: anyio.abc.SocketStream, peer: Peer, held: Held) -> None:
         refused = self.admit(peer)
         if refused is not None:
             await self._refuse(conn, protocol.FORBIDDEN, refused)
             return
         try:
-            await self._requests(conn, peer)
+            await self._requests(conn, peer, held)
         finally:
-            await self.on_close(peer)
+            with anyio.CancelScope(shield=True):  # an evicted connection is told too
+                await self.on_close(peer)
 
-    async def _requests(self, conn: anyio.abc.SocketStream, peer: Peer) -> None:
+    async def _requests(self, conn: anyio.abc.SocketStream, peer: Peer, held: Held) -> None:
         reader = BufferedByteReceiveStream(conn)
         while True:
             try:
+                held.idle_since = monotonic()
                 with anyio.fail_after(self.idle_timeout_s):
                     line = await reader.receive_until(b"\n", protocol.MAX_LINE + 1)
+                held.idle_since = None
             except TimeoutError:
                 return
             except (anyio.IncompleteRead, anyio.EndOfStream):
