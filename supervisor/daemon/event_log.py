@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
@@ -38,6 +39,23 @@ def routine(kind: str, job: Job | None) -> bool:
     if kind in _ROUTINE:
         return True
     return kind == "exited" and job is not None and job.state is JobState.SUCCEEDED
+
+
+def about(w: SaveJob, ev: Event) -> dict[str, Any]:
+    """An event line's keys: its kind, its job and, where the write has one, the attempt
+    (its number, cards and their UUIDs) and the reason; under journald these become the
+    entry's GPUSV_* fields (life/journal.py)."""
+    keys: dict[str, Any] = {"event_kind": ev.kind, "job_id": w.job.id, "state": w.job.state.value}
+    attempt = w.ended_attempt or w.new_attempt
+    if attempt is not None:
+        keys["attempt"] = attempt.n
+        keys["gpus"] = list(attempt.gpus)
+        if attempt.gpu_uuids:
+            keys["gpu_uuids"] = list(attempt.gpu_uuids)
+    reason = (ev.data or {}).get("reason") or (attempt.reason if attempt else None)
+    if reason:
+        keys["reason"] = str(reason)
+    return keys
 
 
 class JobLines:
@@ -63,18 +81,18 @@ class JobLines:
             else:
                 ids = f"{inserts[0].job.id}-{inserts[-1].job.id}"
                 log.info("submitted", event_kind="submitted", job_ids=ids)
-        lines: list[tuple[Job, Event]] = [
-            (w.job, ev) for w in writes if isinstance(w, SaveJob) for ev in w.events
+        lines: list[tuple[SaveJob, Event]] = [
+            (w, ev) for w in writes if isinstance(w, SaveJob) for ev in w.events
         ]
         shown, more = 0, 0
-        for job, ev in lines:
-            if routine(ev.kind, job) and not self._take(ev.kind):
+        for save, ev in lines:
+            if routine(ev.kind, save.job) and not self._take(ev.kind):
                 continue
             if shown == PER_COMMIT:
                 more += 1
                 continue
             shown += 1
-            log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
+            log.info(ev.message, **about(save, ev))
         if more:
             log.info(f"and {more} more", event_kind=lines[-1][1].kind)
 
