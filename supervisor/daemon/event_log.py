@@ -31,6 +31,7 @@ PER_COMMIT = 10  # event lines per commit; a big batch gets one line more
 DEFAULT_PER_S = 20
 WINDOW_S = 1.0
 _ROUTINE = frozenset({"submitted", "queue_wait", "started"})
+_MACHINE_REASONS = frozenset({"oom_killed", "spawn_failed"})
 
 
 def routine(kind: str, job: Job | None) -> bool:
@@ -39,6 +40,12 @@ def routine(kind: str, job: Job | None) -> bool:
     if kind in _ROUTINE:
         return True
     return kind == "exited" and job is not None and job.state is JobState.SUCCEEDED
+
+
+def warns(kind: str, reason: str | None) -> bool:
+    """A line an operator must see (`journalctl -p warning`): a GPU hang, and an attempt
+    that ended for the machine's sake (OOM-killed, or never started), not the job's."""
+    return kind == "gpu_hang" or (kind == "exited" and reason in _MACHINE_REASONS)
 
 
 def about(w: SaveJob, ev: Event) -> dict[str, Any]:
@@ -92,7 +99,11 @@ class JobLines:
                 more += 1
                 continue
             shown += 1
-            log.info(ev.message, **about(save, ev))
+            keys = about(save, ev)
+            if warns(ev.kind, keys.get("reason")):
+                log.warning(ev.message, **keys)
+            else:
+                log.info(ev.message, **keys)
         if more:
             log.info(f"and {more} more", event_kind=lines[-1][1].kind)
 

@@ -203,6 +203,7 @@ def test_a_jobs_lines_carry_its_attempt_cards_and_reason(
         ]
     )
     oom_entry, hang_entry = received(journal_socket, 2)
+    assert oom_entry["PRIORITY"] == hang_entry["PRIORITY"] == ["4"]  # `journalctl -p warning`
     assert oom_entry["MESSAGE_ID"] == [journal.OOM_KILLED]
     assert oom_entry["GPUSV_EVENT"] == ["exited"] and oom_entry["GPUSV_REASON"] == ["oom_killed"]
     assert hang_entry["MESSAGE_ID"] == [journal.GPU_HANG]
@@ -211,6 +212,16 @@ def test_a_jobs_lines_carry_its_attempt_cards_and_reason(
         assert entry["GPUSV_JOB"] == ["42"] and entry["GPUSV_ATTEMPT"] == ["2"]
         assert entry["GPUSV_CARD"] == ["1", "2"]
         assert entry["GPUSV_GPU_UUID"] == ["GPU-x", "GPU-y"]
+
+
+def test_a_jobs_own_failure_is_told_at_info(out: TextIO, journal_socket: socket.socket) -> None:
+    start(out, journal_socket)
+    exited = Event("exited", "exit_nonzero: exited 3", {"reason": "exit_nonzero"})
+    failed = job(JobState.FAILED, FailureReason.EXIT_NONZERO)
+    JobLines(0).log([SaveJob(failed, "t", (exited,), ended_attempt=attempt("exit_nonzero"))])
+    (entry,) = received(journal_socket, 1)
+    assert entry["PRIORITY"] == ["6"] and "MESSAGE_ID" not in entry
+    assert entry["GPUSV_REASON"] == ["exit_nonzero"] and entry["GPUSV_JOB"] == ["42"]
 
 
 def test_the_three_message_ids_are_distinct_128_bit_ids() -> None:
