@@ -1,8 +1,8 @@
 """A listener that raises, on a real SQLite store: the engine's turn is committed and
 applied, every other listener and every later action of the step still runs, the caller
 hears the committed step (a client is answered with what was made, never an error),
-and the next turns go on. A real daemon offers no way to subscribe a faulty listener
-short of a hook made for tests, so the engine is where this is shown."""
+and the next turns go on; a fault in the log lines loses nothing either.
+tests/integration/test_listener_fault.py shows the same through a whole daemon."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ class Sender:
             self._write_line(pairs)
 
     def _write_line(self, pairs: list[tuple[str, Any]]) -> None:
-        found = dict(pairs[:2])
+        found = dict(pairs)
         prefix = f"<{found.get('PRIORITY', 6)}>"
         text = "\n".join(prefix + part for part in str(found.get("MESSAGE", "")).split("\n"))
         with self._lock:
