@@ -122,11 +122,22 @@ class Engine:
                 await commit(self.store, out.writes, request)
             finally:
                 self.epoch += 1
-            self.lines.log(out.writes)
         self.table.apply(out.changes)
+        self._announce(out)
+        return out
+
+    def _announce(self, out: Step) -> None:
+        """What follows a commit: its log lines, then its actions. Nothing here raises:
+        the turn is committed, and its callers are told so (the broker isolates each
+        listener; a fault in the lines is logged), never an error that would have a
+        client retry what was done, nor a daemon stopped with a job claimed."""
+        if out.writes and not all(isinstance(w, SetPid) for w in out.writes):
+            try:
+                self.lines.log(out.writes)
+            except Exception:
+                log.exception("job lines not logged")
         for action in out.actions:
             self.broker.publish(action)
-        return out
 
     async def read(self, reader: Callable[[], Awaitable[T]], tries: int = 5) -> T:
         """What `reader` reads of the table and the store at one moment: read again while

@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
@@ -30,6 +31,7 @@ PER_COMMIT = 10  # event lines per commit; a big batch gets one line more
 DEFAULT_PER_S = 20
 WINDOW_S = 1.0
 _ROUTINE = frozenset({"submitted", "queue_wait", "started"})
+_MACHINE_REASONS = frozenset({"oom_killed", "spawn_failed"})
 
 
 def routine(kind: str, job: Job | None) -> bool:
@@ -38,6 +40,29 @@ def routine(kind: str, job: Job | None) -> bool:
     if kind in _ROUTINE:
         return True
     return kind == "exited" and job is not None and job.state is JobState.SUCCEEDED
+
+
+def warns(kind: str, reason: str | None) -> bool:
+    """A line an operator must see (`journalctl -p warning`): a GPU hang, and an attempt
+    that ended for the machine's sake (OOM-killed, or never started), not the job's."""
+    return kind == "gpu_hang" or (kind == "exited" and reason in _MACHINE_REASONS)
+
+
+def about(w: SaveJob, ev: Event) -> dict[str, Any]:
+    """An event line's keys: its kind, its job and, where the write has one, the attempt
+    (its number, cards and their UUIDs) and the reason; under journald these become the
+    entry's GPUSV_* fields (life/journal.py)."""
+    keys: dict[str, Any] = {"event_kind": ev.kind, "job_id": w.job.id, "state": w.job.state.value}
+    attempt = w.ended_attempt or w.new_attempt
+    if attempt is not None:
+        keys["attempt"] = attempt.n
+        keys["gpus"] = list(attempt.gpus)
+        if attempt.gpu_uuids:
+            keys["gpu_uuids"] = list(attempt.gpu_uuids)
+    reason = (ev.data or {}).get("reason") or (attempt.reason if attempt else None)
+    if reason:
+        keys["reason"] = str(reason)
+    return keys
 
 
 class JobLines:
@@ -63,18 +88,22 @@ class JobLines:
             else:
                 ids = f"{inserts[0].job.id}-{inserts[-1].job.id}"
                 log.info("submitted", event_kind="submitted", job_ids=ids)
-        lines: list[tuple[Job, Event]] = [
-            (w.job, ev) for w in writes if isinstance(w, SaveJob) for ev in w.events
+        lines: list[tuple[SaveJob, Event]] = [
+            (w, ev) for w in writes if isinstance(w, SaveJob) for ev in w.events
         ]
         shown, more = 0, 0
-        for job, ev in lines:
-            if routine(ev.kind, job) and not self._take(ev.kind):
+        for save, ev in lines:
+            if routine(ev.kind, save.job) and not self._take(ev.kind):
                 continue
             if shown == PER_COMMIT:
                 more += 1
                 continue
             shown += 1
-            log.info(ev.message, event_kind=ev.kind, job_id=job.id, state=job.state.value)
+            keys = about(save, ev)
+            if warns(ev.kind, keys.get("reason")):
+                log.warning(ev.message, **keys)
+            else:
+                log.info(ev.message, **keys)
         if more:
             log.info(f"and {more} more", event_kind=lines[-1][1].kind)
 

@@ -273,6 +273,7 @@ RUNTIME_DEPS = (
     "psutil",
     "structlog",
     "sdnotify",
+    "logging_journald",
     "prometheus_client",
     "pynvml",
     "typing_extensions",

@@ -293,6 +293,7 @@ class Deadman:
         try:
             self._log.critical(
                 "abort wedged, exiting for a restart",
+                event_kind="deadman_exit",  # the journal's MESSAGE_ID for it (journal.py)
                 what=abort.what,
                 thread=abort.thread_name,
                 deadline_s=abort.deadline_s,

@@ -1,8 +1,10 @@
 """Logging set-up: structlog for our own events, with stdlib `logging` bridged into it.
 
 Console (`key=value`) or JSON lines, one line per event, flushed as it is written so that
-a line logged right before `os._exit` is not lost. Under journald each line starts with
-its syslog priority (`<4>`, sd-daemon(3)) and carries no timestamp of ours.
+a line logged right before `os._exit` is not lost. Under journald (our stream is the one
+$JOURNAL_STREAM names, systemd.exec(5)) each event is a journal entry of its own, sent
+over the native protocol with PRIORITY and GPUSV_* fields (journal.py); its MESSAGE is the
+same line, without a timestamp of ours.
 
 structlog is imported inside the functions: the CLI imports this module and should stay
 quick to start.
@@ -13,7 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+from supervisor.daemon.life import journal
 
 if TYPE_CHECKING:
     from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
@@ -25,8 +30,6 @@ LEVELS = {
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
 }
-# sd-daemon(3) priorities; "exception" is what structlog calls log.exception().
-_PRIORITIES = {"debug": 7, "info": 6, "warning": 4, "error": 3, "exception": 3, "critical": 2}
 _BRIDGE_LEVEL = logging.WARNING
 _bridge_handler: logging.Handler | None = None
 
@@ -64,12 +67,6 @@ def _add_name(logger: WrappedLogger, _method: str, event: EventDict) -> EventDic
     return event
 
 
-def _prefix_priority(_logger: WrappedLogger, method: str, line: Any) -> Any:
-    """Prefix every physical line (tracebacks too) so journald files each at its level."""
-    prefix = f"<{_PRIORITIES.get(method, 6)}>"
-    return "\n".join(prefix + part for part in str(line).split("\n"))
-
-
 def _renderer(fmt: Literal["console", "json"], stream: TextIO) -> Processor:
     import structlog
 
@@ -91,23 +88,29 @@ def _common(journald: bool) -> list[Processor]:
 
 
 def _install_bridge(
-    stream: TextIO, fmt: Literal["console", "json"], journald: bool, tail: list[Processor]
+    stream: TextIO,
+    fmt: Literal["console", "json"],
+    renderer: Processor,
+    sender: journal.Sender | None,
 ) -> None:
-    """Route stdlib `logging` (aiosqlite, anyio, ...) through the same renderer."""
+    """Route stdlib `logging` (aiosqlite, anyio, ...) through the same renderer, and
+    under journald into the same journal."""
     import structlog
 
     global _bridge_handler
     root = logging.getLogger()
     if _bridge_handler is not None:
         root.removeHandler(_bridge_handler)
-    pre: list[Processor] = [structlog.stdlib.add_logger_name, *_common(journald)]
+    pre: list[Processor] = [structlog.stdlib.add_logger_name, *_common(sender is not None)]
     if fmt == "json":
         pre.append(structlog.processors.format_exc_info)
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=pre,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
-    handler = logging.StreamHandler(stream)
+    handler: logging.Handler = (
+        logging.StreamHandler(stream) if sender is None else journal.JournalHandler(sender)
+    )
     handler.setFormatter(formatter)
     handler.setLevel(_BRIDGE_LEVEL)
     root.addHandler(handler)
@@ -116,33 +119,41 @@ def _install_bridge(
 
 
 def configure(
-    fmt: Literal["console", "json"] = "console", level: str = "info", stream: TextIO | None = None
+    fmt: Literal["console", "json"] = "console",
+    level: str = "info",
+    stream: TextIO | None = None,
+    journal_socket: Path = journal.SOCKET,
 ) -> None:
-    """Set up logging for the process; calling it again replaces the previous set-up."""
+    """Set up logging for the process; calling it again replaces the previous set-up.
+    Under journald, entries go to `journal_socket` (lines on `stream` when it refuses)."""
     import structlog
 
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     stream = sys.stderr if stream is None else stream
-    journald = under_journald(stream)
-    tail: list[Processor] = [_renderer(fmt, stream)]
-    if journald:
-        tail.append(_prefix_priority)
+    sender = journal.Sender(journal_socket, stream) if under_journald(stream) else None
+    renderer = _renderer(fmt, stream)
     chain: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         _add_name,
-        *_common(journald),
+        *_common(sender is not None),
     ]
     if fmt == "json":
         chain.append(structlog.processors.format_exc_info)
+    factory: Any = _WriteLoggerFactory(stream)
+    if sender is not None:
+        chain.append(journal.to_entry(renderer))
+        factory = journal.JournalLoggerFactory(sender)
+    else:
+        chain.append(renderer)
     structlog.configure(
-        processors=[*chain, *tail],
+        processors=chain,
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=_WriteLoggerFactory(stream),
+        logger_factory=factory,
         # Loggers made before a reconfigure (module-level ones) must follow it.
         cache_logger_on_first_use=False,
     )
-    _install_bridge(stream, fmt, journald, tail)
+    _install_bridge(stream, fmt, renderer, sender)
 
 
 def get_logger(name: str | None = None) -> FilteringBoundLogger:

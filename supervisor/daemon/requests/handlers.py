@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -10,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import anyio
+import structlog
 
 from supervisor.core.commands import Cancel, Changed, ProcessStarted, SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
@@ -52,6 +52,7 @@ from supervisor.wire.shapes import (
     WaitReply,
 )
 
+log = structlog.get_logger("gpusvd.server")
 LOG_CHUNK = 512 * 1024
 START_WAIT_S = 10.0  # the longest `show` waits for a start in flight
 
@@ -244,13 +245,9 @@ class Api:
             return {"ok": True, "jobs": out}
         rid = req.options.request_id
         ids, repeated = await self.enqueue(specs, peer.uid, rid)
-        if repeated:  # a repeat (a client retrying): the first jobs, not more
-            return await self._repeated(req, ids)
-        if req.options.run:
+        if req.options.run and not repeated:
             self.verbs.bind(peer, ids[0])
-        if req.type == "submit" and len(ids) == 1:
-            return {"ok": True, "ids": ids, "job": self.job_view(await self._job(ids[0]))}
-        return {"ok": True, "ids": ids}
+        return await self._committed(req, ids, repeated)
 
     async def enqueue(
         self, specs: list[JobSpec], uid: int, request_id: str | None = None
@@ -274,12 +271,21 @@ class Api:
             done = await self.engine.do(SubmitJobs(tuple(specs), request_id=request_id))
             return submitted_ids(done), False
 
-    async def _repeated(self, req: Submit, ids: list[int]) -> SubmitReply:
+    async def _committed(self, req: Submit, ids: list[int], repeated: bool) -> SubmitReply:
+        """The jobs made (or, for a repeat, the first submit's): the ids at least, never
+        an error, since they exist; a job cleaned since, or a fault in its view, leaves
+        out the job's view alone."""
+        reply: SubmitReply = {"ok": True, "ids": ids}
         if req.type == "submit" and len(ids) == 1:
-            with contextlib.suppress(ProtocolError):  # the job may have been cleaned since
-                view = self.job_view(await self._job(ids[0]))
-                return {"ok": True, "ids": ids, "job": view, "repeated": True}
-        return {"ok": True, "ids": ids, "repeated": True}
+            try:
+                reply["job"] = self.job_view(await self._job(ids[0]))
+            except ProtocolError:
+                pass
+            except Exception:
+                log.exception("submitted job not shown", job_id=ids[0])
+        if repeated:  # a client retrying: the first jobs, not more
+            reply["repeated"] = True
+        return reply
 
     # ---- reading --------------------------------------------------------------------
 

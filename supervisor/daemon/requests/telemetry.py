@@ -63,6 +63,7 @@ class Telemetry:
     ) -> None:
         self.cfg = cfg
         self.store: Store = engine.store
+        self.listener_errors = engine.broker.failures  # counted as they happen
         self.table = engine.table
         self.dispatcher = dispatcher
         self.runner = runner
@@ -222,6 +223,7 @@ class Telemetry:
             draining=self.dispatcher.draining,
             storage_ok=store.problem is None,
             storage_failures=store.failures,
+            listener_errors=self.listener_errors.total(),
         )
 
     async def prometheus(self, _peer: Peer) -> dict[str, Any]:

@@ -171,6 +171,11 @@ def daemon_families(snap: Snapshot, now: float) -> Iterator[Metric]:
         "Commits of the state database that failed (disk full, read-only, I/O error).",
         value=snap.storage_failures,
     )
+    yield CounterMetricFamily(
+        "gpusv_listener_errors",
+        "Listeners of the daemon's events that raised; each is logged with its event type.",
+        value=snap.listener_errors,
+    )
     yield GaugeMetricFamily(
         "gpusv_node_healthy",
         "1 when `gpusv health` would exit 0.",

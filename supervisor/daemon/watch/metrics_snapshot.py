@@ -62,6 +62,7 @@ class Snapshot:
     draining: bool = False
     storage_ok: bool = True  # the state database takes writes
     storage_failures: int = 0  # commits that failed for the storage since start
+    listener_errors: int = 0  # listeners of the daemon's events that raised since start
 
 
 class Latency:

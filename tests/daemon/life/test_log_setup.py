@@ -1,4 +1,5 @@
-"""Tests for supervisor.daemon.life.log_setup: formats, the journald priority prefix, the
+"""Tests for supervisor.daemon.life.log_setup: formats, the journald priority prefix (the
+lines written when the journal's socket refuses an entry; test_journal.py sends them), the
 stdlib bridge."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import pytest
 import structlog
@@ -49,6 +50,12 @@ def lines_of(stream: TextIO) -> list[str]:
 def mark_as_journal(stream: TextIO, monkeypatch: pytest.MonkeyPatch) -> None:
     info = os.fstat(stream.fileno())
     monkeypatch.setenv("JOURNAL_STREAM", f"{info.st_dev}:{info.st_ino}")
+
+
+@pytest.fixture
+def no_journal(tmp_path: Path) -> Path:
+    """A journal socket path where nothing listens (never the host's journal)."""
+    return tmp_path / "no-journal-socket"
 
 
 def test_json_lines_are_parseable(out: TextIO) -> None:
@@ -99,10 +106,11 @@ def test_level_filters(out: TextIO) -> None:
 
 @pytest.mark.parametrize("fmt", ["console", "json"])
 def test_journald_lines_carry_priority_and_no_timestamp(
-    out: TextIO, monkeypatch: pytest.MonkeyPatch, fmt: str
+    out: TextIO, monkeypatch: pytest.MonkeyPatch, fmt: str, no_journal: Path
 ) -> None:
     mark_as_journal(out, monkeypatch)
-    logs.configure("json" if fmt == "json" else "console", level="debug", stream=out)
+    form: Literal["console", "json"] = "json" if fmt == "json" else "console"
+    logs.configure(form, level="debug", stream=out, journal_socket=no_journal)
     log = logs.get_logger("deadman")
     log.debug("d")
     log.info("i")
@@ -118,10 +126,10 @@ def test_journald_lines_carry_priority_and_no_timestamp(
 
 
 def test_journald_prefixes_every_traceback_line(
-    out: TextIO, monkeypatch: pytest.MonkeyPatch
+    out: TextIO, monkeypatch: pytest.MonkeyPatch, no_journal: Path
 ) -> None:
     mark_as_journal(out, monkeypatch)
-    logs.configure("console", stream=out)
+    logs.configure("console", stream=out, journal_socket=no_journal)
     try:
         raise ValueError("deep")
     except ValueError:

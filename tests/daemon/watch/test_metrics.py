@@ -126,6 +126,14 @@ def test_daemon_gauges_and_counters() -> None:
     assert "_created" not in text
 
 
+def test_listener_errors_are_counted_from_zero() -> None:
+    assert (
+        value(render(dataclasses.replace(SNAP, listener_errors=3)), "gpusv_listener_errors_total")
+        == 3
+    )
+    assert value(render(Snapshot()), "gpusv_listener_errors_total") == 0  # there to alert on
+
+
 def test_the_textfile_text_leaves_process_series_to_node_exporter() -> None:
     m = Metrics()
     assert "process_" not in m.render(SNAP)  # node_exporter refuses duplicate series
