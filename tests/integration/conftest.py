@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.client.cli import Client, Unreachable
+from supervisor.client.cli import Client, Refused, Unreachable
 from supervisor.gpus.allocation import ALLOCATION_VARIABLES
 
 
@@ -77,6 +77,10 @@ class Daemon:
                 self.call({"type": "ping"})
                 return
             except (Unreachable, OSError):
+                time.sleep(0.05)
+            except Refused as exc:  # waiting for space: its socket answers `storage`
+                if exc.code != "storage":
+                    raise
                 time.sleep(0.05)
         raise AssertionError(f"gpusvd not ready in {timeout}s:\n{self.log_text()}")
 

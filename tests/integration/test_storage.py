@@ -169,6 +169,13 @@ def test_a_start_on_a_full_disk_waits_for_space_then_serves(
     d.wait_for(lambda: "the state filesystem is full" in d.log_text(), what="the wait")
     assert d.proc is not None and d.proc.poll() is None  # waiting, neither exit 2 nor a crash
     assert "disk I/O error" not in d.log_text()
+    # Meanwhile the socket answers, and says why nothing is done.
+    d.wait_for(lambda: d.socket.exists(), what="the socket while it waits")
+    with pytest.raises(Refused) as refused:
+        Client(d.socket).call({"type": "list"})
+    assert refused.value.code == "storage" and "waiting for space" in str(refused.value)
+    cli = d.cli("submit", "--gpus", "0", "--", "true", check=False)
+    assert cli.returncode == 1 and "waiting for space" in cli.stderr, cli.stderr
     filler.unlink()
     d.wait_ready(timeout=60)
     assert d.show(job)["state"] == "succeeded"  # the database, untouched

@@ -82,7 +82,11 @@ async def build(cfg: Config, load_config: Callable[[], Config] | None = None) ->
     os.chmod(state, 0o700)
     lock_state_dir(state)
     (state / "logs").mkdir(exist_ok=True)
-    await wait_for_space(state, Notifier())
+    await wait_for_space(
+        state,
+        Notifier(),
+        lambda handler: Server(cfg.socket, handler, mode=cfg.socket_mode, group=cfg.socket_group),
+    )
     store = await Store.open(state / "state.db")
     try:
         return await _assemble(cfg, store, load_config)
