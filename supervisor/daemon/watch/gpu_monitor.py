@@ -40,7 +40,7 @@ class GpuMonitor:
         call: Callable[[Callable[[], Any], str], Awaitable[Any]],
         *,
         interval_s: float = 1.0,
-        idle_interval_s: float = 5.0,
+        idle_interval_s: float = 1.0,
         busy: Callable[[], bool] = lambda: True,
         on_change: Callable[[], None] = lambda: None,
         beat: Callable[[], None] = lambda: None,
@@ -49,8 +49,8 @@ class GpuMonitor:
         self.backend = backend
         self.call = call
         self.interval_s = interval_s
-        # Utilization matters to the watchdog only while jobs run; an idle box is read
-        # less often (health changes still show within idle_interval_s).
+        # An idle box is read as often as a busy one: `gpusv health` (a Slurm health
+        # check, a router) must see a card lost or back within one reading, ~1 s.
         self.idle_interval_s = idle_interval_s
         self.busy = busy
         self._wake = anyio.Event()
