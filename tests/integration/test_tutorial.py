@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 
 from supervisor.daemon.running.keeper_processes import abandon
 
@@ -78,7 +82,16 @@ def _pgid(proc: psutil.Process) -> int | None:
         return None
 
 
-def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A short HOME: the keepers' sockets live under it, and pytest's own temporary paths
+    (which grow with its run counter and xdist's worker name) can pass AF_UNIX's 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="gpusv-tut-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_tutorial_runs_as_written(tmp_path: Path, home: Path) -> None:
     text = DOC.read_text().replace("9464", str(free_port()))
     markers = BLOCK.findall(text)
     assert sum(1 for daemon, _ in markers if daemon) == 1
@@ -87,7 +100,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     log, pidfile = tmp_path / "gpusvd.log", tmp_path / "gpusvd.pid"
     env = {
         **os.environ,
-        "HOME": str(tmp_path),
+        "HOME": str(home),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHONUNBUFFERED": "1",
         "GPUSV_TEST_ROOT": str(tmp_path),
@@ -99,12 +112,12 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             env=env,
-            cwd=tmp_path,
+            cwd=home,
             timeout=120,
         )
     finally:
         stop(pidfile, tmp_path)
-        abandon(tmp_path / "gpusv-play" / "state")  # its keepers' cgroups go too
+        abandon(home / "gpusv-play" / "state")  # its keepers' cgroups go too
     daemon_log = log.read_text() if log.exists() else ""
     assert result.returncode == 0, f"{result.stderr}\n--- stdout ---\n{result.stdout}\n{daemon_log}"
     out = result.stdout
