@@ -38,17 +38,13 @@ def test_int_refuses_the_rest(value: object, message: str) -> None:
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"), [(0, 0.0), (0.5, 0.5), (3, 3.0), (1e9, 1e9)]
-)
+@pytest.mark.parametrize(("value", "expected"), [(0, 0.0), (0.5, 0.5), (3, 3.0), (1e9, 1e9)])
 def test_number_is_a_float_at_or_above_the_minimum(value: float, expected: float) -> None:
     got = _number(0)(value, "k")
     assert got == expected and type(got) is float
 
 
-@pytest.mark.parametrize(
-    "value", [-0.001, float("inf"), float("nan"), False, "1", None, [1]]
-)
+@pytest.mark.parametrize("value", [-0.001, float("inf"), float("nan"), False, "1", None, [1]])
 def test_number_refuses_the_rest(value: object) -> None:
     with pytest.raises(ConfigError, match=r"^w\.t: must be a number >= 0, got "):
         _number(0)(value, "w.t")
