@@ -16,13 +16,16 @@ import pytest
 
 from supervisor.core.commands import Changed, InsertJob, SaveJob, SubmitJobs, Write
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
+from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.life.recovery import reconcile
+from supervisor.daemon.running.keepers import KeeperGone
 from supervisor.daemon.store.commit import commit
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import Record
 
 T0 = "2026-01-02T03:04:05.000Z"
@@ -60,8 +63,12 @@ class Kept:
     def start_time(self) -> float:
         return self.record.started_at
 
+    fails: Exception | None = None  # what its keeper answers a kill with
+
     async def kill(self, grace: float) -> None:
         self.calls.append(f"kill {grace}")
+        if self.fails is not None:
+            raise self.fails
 
     async def wait(self) -> None:
         self.calls.append("wait")
@@ -236,3 +243,61 @@ async def test_ids_continue_after_the_stored_ones(store: Store) -> None:
     await d.reconcile()
     out = await d.engine.do(SubmitJobs((spec(),)))
     assert submitted_ids(out) == [6]
+
+
+async def test_every_attempt_keepers_hold_is_taken_back_with_its_figures(store: Store) -> None:
+    await stored(
+        store,
+        running(1, spec=spec(mem_mb=2000, vram_mb=500)),
+        running(2, gpus=(1,)),
+        attempts=(Attempt(1, 1, (0,), T0, "k"), Attempt(2, 1, (1,), T0, "k")),
+    )
+    runner = Runner()
+    d = Daemon(store)
+    await d.reconcile(Keepers(Kept(record(1, 1, pid=11)), Kept(record(2, 1, pid=22))), runner)
+    assert [(a[0], a[4].pid) for a in runner.adopted] == [(1, 11), (2, 22)]
+    one, two = d.engine.table.live[1], d.engine.table.live[2]
+    assert one.projection == Projection(2000, "declared", 0) and one.vram_reserved_mb == 500
+    assert two.projection is None and two.vram_reserved_mb == 0
+
+
+async def test_a_lost_record_s_pid_is_never_killed_by_number(
+    store: Store, leftover: subprocess.Popen[bytes]
+) -> None:
+    """A keeper's record, even a lost one, is the keeper's: the pid the attempt stored may
+    be another process's by now, and only a pid with no record is killed by number."""
+    start = psutil.Process(leftover.pid).create_time()
+    a = Attempt(1, 1, (0,), T0, "k", pid=leftover.pid, pid_start=start)
+    await stored(store, running(1), attempts=(a,))
+    lost = Kept(record(1, 1, pid=leftover.pid, lost=True, ended_at=9.0))
+    await Daemon(store).reconcile(Keepers(lost), Runner())
+    assert leftover.poll() is None
+    assert (await store.events(1))[-1]["message"] == "the daemon stopped while this attempt ran"
+
+
+async def test_a_running_job_without_an_open_attempt_is_queued_again(store: Store) -> None:
+    await stored(store, running(1))
+    await Daemon(store).reconcile(Keepers(Kept(record(1, 1))), Runner())
+    job = await store.get_job(1)
+    assert job is not None and job.state is JobState.QUEUED
+    assert job.reason is FailureReason.INTERRUPTED
+
+
+async def test_a_child_of_an_active_parent_keeps_waiting(store: Store) -> None:
+    await stored(store, Job(1, spec(), submitted_at=T0), Job(2, spec(after=(1,)), submitted_at=T0))
+    d = Daemon(store)
+    await d.reconcile()
+    assert {i: j.state for i, j in d.engine.table.jobs.items()} == {
+        1: JobState.QUEUED,
+        2: JobState.QUEUED,
+    }
+
+
+async def test_a_keeper_that_fails_a_kill_does_not_stop_the_others(store: Store) -> None:
+    await stored(store, Job(1, spec(), JobState.SUCCEEDED, T0, T0, T0))
+    gone = Kept(record(1, 1), fails=KeeperGone("its keeper died"))
+    refused = Kept(record(1, 2), fails=KeeperError("not_found", "no such record"))
+    last = Kept(record(1, 3))
+    await Daemon(store).reconcile(Keepers(gone, refused, last), Runner())
+    assert gone.calls == ["kill 0.0"] and refused.calls == ["kill 0.0"]
+    assert last.calls == ["kill 0.0", "wait", "ack"]

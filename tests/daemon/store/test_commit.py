@@ -224,3 +224,29 @@ async def test_next_id_is_past_the_rows_the_sequence_and_the_mark(store: Store) 
     assert store.ids is not None
     store.ids.raise_to(10)  # a lost tail of the database that the mark remembers
     assert await next_job_id(store) == 11
+
+
+async def test_each_job_of_a_batch_keeps_its_own_env(store: Store) -> None:
+    shared = {"S": "1"}
+    writes: list[Write] = [
+        InsertJob(job(1, spec=spec(env=shared))),
+        InsertJob(job(2, spec=spec(env={"OTHER": "2"}))),
+        InsertJob(job(3, spec=spec(env=shared))),
+    ]
+    await commit(store, writes)
+    assert await rows(store, "SELECT id, env FROM jobs ORDER BY id") == [
+        (1, '{"S": "1"}'),
+        (2, '{"OTHER": "2"}'),
+        (3, '{"S": "1"}'),
+    ]
+
+
+async def test_without_the_mark_ids_follow_the_database_s_sequence(store: Store) -> None:
+    mark, store.ids = store.ids, None  # a store opened on a database alone
+    try:
+        await commit(store, [InsertJob(job(5))])
+        await store.db.execute("DELETE FROM events")
+        await store.db.execute("DELETE FROM jobs")
+        assert await next_job_id(store) == 6  # the sequence remembers the deleted job
+    finally:
+        store.ids = mark
