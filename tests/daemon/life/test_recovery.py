@@ -36,8 +36,8 @@ def spec(**kw: Any) -> JobSpec:
 
 
 def running(job_id: int, **kw: Any) -> Job:
-    kw = {"gpus": (0,), "attempts": 1} | kw
-    return Job(job_id, kw.pop("spec", spec()), JobState.RUNNING, T0, T0, **kw)
+    given: dict[str, Any] = {"gpus": (0,), "attempts": 1} | kw
+    return Job(job_id, given.pop("spec", spec()), JobState.RUNNING, T0, T0, **given)
 
 
 async def stored(store: Store, *jobs: Job, attempts: tuple[Attempt, ...] = ()) -> None:
