@@ -87,6 +87,11 @@ async def test_a_submit_keeps_its_request_id_with_its_jobs(store: Store) -> None
     out = await engine.do(SubmitJobs((spec(), spec()), request_id="req-7"))
     assert submitted_ids(out) == [1, 2]
     assert await store.request_ids(1000, "req-7") == [1, 2]
+    # A submit whose parents had ended keeps it too (its command is rebuilt with them).
+    await engine.do(Cancel(1))
+    out = await engine.do(SubmitJobs((spec(after=(1,)),), request_id="req-8"))
+    assert submitted_ids(out) == [3]
+    assert await store.request_ids(1000, "req-8") == [3]
 
 
 async def test_a_client_s_command_fails_fast_while_the_store_cannot_write(store: Store) -> None:
@@ -145,6 +150,8 @@ async def test_a_read_is_taken_again_while_a_commit_is_in_flight(store: Store) -
     assert await engine.read(reader) == 1 and calls == [0]
     await engine.do(SubmitJobs((spec(),)))
     assert engine.epoch == 2  # one commit: started, ended
+    calls.clear()
+    assert await engine.read(reader) == 1 and calls == [2]  # settled: read once
     gate = Gate(store, held=1)
     calls.clear()
     async with anyio.create_task_group() as tg:
@@ -153,6 +160,8 @@ async def test_a_read_is_taken_again_while_a_commit_is_in_flight(store: Store) -
         assert engine.epoch == 3  # odd: in flight
         assert await engine.read(reader, tries=4) == 4  # never settled: read 4 times
         assert calls == [3, 3, 3, 3]
+        calls.clear()
+        assert await engine.read(reader) == 5 and len(calls) == 5  # 5 tries by default
         gate.go.set()
     assert engine.epoch == 4
 

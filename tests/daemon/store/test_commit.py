@@ -244,6 +244,7 @@ async def test_each_job_of_a_batch_keeps_its_own_env(store: Store) -> None:
 async def test_without_the_mark_ids_follow_the_database_s_sequence(store: Store) -> None:
     mark, store.ids = store.ids, None  # a store opened on a database alone
     try:
+        assert await next_job_id(store) == 1
         await commit(store, [InsertJob(job(5))])
         await store.db.execute("DELETE FROM events")
         await store.db.execute("DELETE FROM jobs")
