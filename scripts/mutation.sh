@@ -53,11 +53,15 @@ print(f"{'module':40} {'killed':>7} {'of':>5} {'score':>7}")
 groups = {name: collections.Counter() for name in ("core", "classifier", "daemon")}
 for module in sorted(verdicts):
     killed, tested = score(verdicts[module])
+    if not tested:  # none of its mutants was run
+        continue
     print(f"{module:40} {killed:7} {tested:5} {100 * killed / max(tested, 1):6.1f}%")
     group = next(g for g in ("core", "classifier", "daemon") if f".{g}" in module)
     groups[group].update(verdicts[module])
 for name, counts in groups.items():
     killed, tested = score(counts)
+    if not tested:
+        continue
     print(f"TOTAL {name:34} {killed:7} {tested:5} {100 * killed / max(tested, 1):6.1f}%")
 print()
 print("not killed (mutmut show NAME prints the change):")
