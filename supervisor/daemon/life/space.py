@@ -39,7 +39,9 @@ def room_to_start(state: Path) -> OSError | None:
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, b"\0" * PROBE_BYTES)
+            left = memoryview(b"\0" * PROBE_BYTES)
+            while left:  # a nearly full filesystem takes part of a write without error
+                left = left[os.write(fd, left) :]
             os.fsync(fd)
         finally:
             os.close(fd)

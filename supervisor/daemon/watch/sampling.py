@@ -243,9 +243,10 @@ def past_limit(started_at: str, limit_s: float, now: float) -> bool:
 
 
 def _read(path: Any, start: int, end: int) -> str:
+    first = max(start, end - READ_LIMIT)
     with open(path, "rb") as fh:
-        fh.seek(max(start, end - READ_LIMIT))
-        return fh.read(end - start).decode("utf-8", "replace")
+        fh.seek(first)
+        return fh.read(end - first).decode("utf-8", "replace")
 
 
 def _tree_cpu_s(r: Proc) -> float | None:

@@ -1,0 +1,88 @@
+"""From a submit request to its jobs' specs: the config's defaults for what the request
+left out, the request's own values where it gave them, names and array indices."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from supervisor.core.jobs import JobSpec
+from supervisor.daemon.config import RetriesConfig, WatchdogConfig
+from supervisor.daemon.requests.submit_specs import job_specs
+from supervisor.wire.protocol import Submit, SubmitOptions
+
+RETRIES = RetriesConfig(ordinary=4, gpu_hang=9)
+WATCHDOG = WatchdogConfig(progress_timeout_s=600.0, stall_timeout_s=120.0)
+
+
+def submit(*argvs: tuple[str, ...], names: tuple[str, ...] | None = None, **opts: Any) -> Submit:
+    return Submit(argvs, SubmitOptions(cwd="/w", env={"E": "1"}, **opts), names=names)
+
+
+def specs(req: Submit, watchdog: WatchdogConfig = WATCHDOG) -> list[JobSpec]:
+    return job_specs(req, 1001, 1002, RETRIES, watchdog)
+
+
+def test_what_the_request_left_out_comes_from_the_config() -> None:
+    [spec] = specs(submit(("python", "t.py"), mem_key="k"))
+    assert spec == JobSpec(
+        argv=("python", "t.py"),
+        cwd="/w",
+        env={"E": "1"},
+        owner_uid=1001,
+        owner_gid=1002,
+        mem_key="k",
+        retries=4,
+        gpu_hang_retries=9,
+        progress_timeout_s=600.0,
+        stall_timeout_s=120.0,
+    )
+
+
+def test_what_the_request_gave_wins_zero_included() -> None:
+    [spec] = specs(
+        submit(
+            ("a",), mem_key="k", name="n", labels={"l": "v"}, gpus=2, vram_mb=100, mem_mb=200,
+            mem_scale=1.5, retries=0, gpu_hang_retries=0, progress_timeout_s=5.0,
+            progress_regex="step", priority=-3, after=(4, 5), stall_timeout_s=7.0,
+            time_limit_s=60.0, share=True,
+        )
+    )  # fmt: skip
+    assert (spec.retries, spec.gpu_hang_retries) == (0, 0)
+    assert (spec.progress_timeout_s, spec.stall_timeout_s, spec.time_limit_s) == (5.0, 7.0, 60.0)
+    assert (spec.name, spec.labels, spec.gpus, spec.vram_mb, spec.mem_mb) == (
+        "n", {"l": "v"}, 2, 100, 200,
+    )  # fmt: skip
+    assert (spec.mem_scale, spec.progress_regex, spec.priority, spec.after, spec.share) == (
+        1.5, "step", -3, (4, 5), True,
+    )  # fmt: skip
+    assert (spec.array_index, spec.max_running, spec.array_id) == (None, None, None)
+
+
+def test_a_stall_timeout_of_zero_is_off() -> None:
+    [own_zero] = specs(submit(("a",), stall_timeout_s=0.0))
+    assert own_zero.stall_timeout_s is None
+    [default_zero] = specs(submit(("a",)), replace(WATCHDOG, stall_timeout_s=0.0))
+    assert default_zero.stall_timeout_s is None
+
+
+def test_the_memory_key_defaults_to_the_program() -> None:
+    [a, b] = specs(submit(("python", "train.py", "--lr", "1"), ("python", "eval.py")))
+    assert a.mem_key.startswith("python train.py#") and b.mem_key.startswith("python eval.py#")
+    assert a.mem_key != b.mem_key
+
+
+def test_a_batch_gets_its_names_one_per_line() -> None:
+    out = specs(submit(("a",), ("b",), names=("first", "second"), name="ignored"))
+    assert [(s.argv, s.name) for s in out] == [(("a",), "first"), (("b",), "second")]
+    assert [s.name for s in specs(submit(("a",), ("b",), name="both"))] == ["both", "both"]
+
+
+def test_an_array_carries_its_indices_and_cap() -> None:
+    out = specs(submit(("x",), ("x",), ("x",), array=(0, 5, 10), max_running=2))
+    assert [(s.array_index, s.max_running) for s in out] == [(0, 2), (5, 2), (10, 2)]
+
+
+def test_a_capped_batch_is_an_array_of_its_lines() -> None:
+    out = specs(submit(("a",), ("b",), max_running=1))
+    assert [(s.array_index, s.max_running) for s in out] == [(0, 1), (1, 1)]
