@@ -208,7 +208,7 @@ def daemon_inside(cgroup: Path, make_daemon: Callable[..., Daemon]) -> Daemon:
     return d
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
+@pytest.mark.root("creating a memory cgroup needs root")
 def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
     make_daemon: Callable[..., Daemon],
 ) -> None:
@@ -350,7 +350,7 @@ def _squeeze_guard_waits_for_its_victim(make_daemon: Callable[..., Daemon]) -> N
         d.cli("cancel", str(job))
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
+@pytest.mark.root("creating a memory cgroup needs root")
 def test_a_sigkill_after_another_jobs_oom_kill_is_not_taken_for_one(
     make_daemon: Callable[..., Daemon],
 ) -> None:
