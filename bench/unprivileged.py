@@ -33,10 +33,12 @@ from supervisor.keeper.cgroup import orphan_pids, tree_pids
 
 SPIKE_MB = 200
 # Waits a random part of one interval (the sampler's phase is anyone's), touches
-# SPIKE_MB for the spike, frees it and idles on.
+# SPIKE_MB (printing how long touching took: the rise before the spike), holds it for
+# the spike, frees it and idles on.
 SPIKE = (
-    "import sys, time; time.sleep(float(sys.argv[2]))\n"
+    "import sys, time; time.sleep(float(sys.argv[2])); t = time.monotonic()\n"
     f"b = bytearray({SPIKE_MB} << 20); b[::4096] = b'x' * len(b[::4096])\n"
+    "print(round((time.monotonic() - t) * 1000), flush=True)\n"
     "time.sleep(float(sys.argv[1]) / 1000); del b; time.sleep(0.6)"
 )
 
@@ -60,20 +62,23 @@ def _join(cgroup: Path) -> None:
     (cgroup / "cgroup.procs").write_text("0")
 
 
-def one_spike(spike_ms: int, interval_s: float) -> tuple[int, int]:
-    """(the sampler's peak, the cgroup's high-water mark), MiB, for one run."""
+def one_spike(spike_ms: int, interval_s: float) -> tuple[int, int, int]:
+    """(the sampler's peak, the cgroup's high-water mark) in MiB, and the rise in ms."""
     cgroup = memory_cgroup()
     try:
         phase = random.uniform(0, interval_s)
         argv = [sys.executable, "-c", SPIKE, str(spike_ms), str(phase)]
-        child = subprocess.Popen(argv, preexec_fn=lambda: _join(cgroup))
+        child = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: _join(cgroup)
+        )
         sampler, sampled = TreeSampler(), 0
         while child.poll() is None:  # the daemon's loop: sleep an interval, then a pass
             time.sleep(interval_s)
             seen = sampler.sample({1: child.pid}).get(1)
             sampled = max(sampled, seen.rss_mb if seen else 0)
         kernel = memory_peak_mb(cgroup) or 0
-        return sampled, kernel
+        assert child.stdout is not None
+        return sampled, kernel, int(child.stdout.read() or 0)
     finally:
         cgroup.rmdir()
 
@@ -82,15 +87,16 @@ def peaks(spikes: list[int], trials: int, interval_s: float) -> list[dict[str, A
     rows = []
     for spike_ms in spikes:
         runs = [one_spike(spike_ms, interval_s) for _ in range(trials)]
-        caught = sum(1 for s, k in runs if s >= k - SPIKE_MB // 2)
+        caught = sum(1 for s, k, _ in runs if s >= k - SPIKE_MB // 2)
         rows.append(
             {
                 "spike_ms": spike_ms,
                 "trials": trials,
                 "caught": caught,
-                "sampled_median_mb": median(s for s, _ in runs),
-                "cgroup_median_mb": median(k for _, k in runs),
-                "sampled_over_cgroup_median": round(median(s / k for s, k in runs if k), 2),
+                "sampled_median_mb": median(s for s, _, _ in runs),
+                "cgroup_median_mb": median(k for _, k, _ in runs),
+                "sampled_over_cgroup_median": round(median(s / k for s, k, _ in runs if k), 2),
+                "rise_median_ms": median(r for _, _, r in runs),
             }
         )
     return rows
@@ -168,13 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps({"interval_s": a.interval, "peaks": rows, "escapes": found}, indent=1))
         return 0
-    print(f"peak of a {SPIKE_MB} MiB spike, sampled every {a.interval:g} s, against the cgroup's")
-    print("spike_ms  caught/trials  sampled_median_MiB  cgroup_median_MiB  sampled/cgroup")
+    print(f"a {SPIKE_MB} MiB spike sampled every {a.interval:g} s, against the cgroup's peak")
+    print("(caught: the sampled peak within half the spike of the cgroup's)")
+    print("spike_ms  caught/trials  sampled_median_MiB  cgroup_median_MiB  sampled/cgroup  rise_ms")
     for r in rows:
         print(
             f"{r['spike_ms']:>8}  {r['caught']:>6}/{r['trials']:<6}  "
             f"{r['sampled_median_mb']:>18}  {r['cgroup_median_mb']:>17}  "
-            f"{r['sampled_over_cgroup_median']:>14}"
+            f"{r['sampled_over_cgroup_median']:>14}  {r['rise_median_ms']:>7}"
         )
     print("\nescape                          cgroup  fallback")
     for name, seen in found.items():

@@ -4,21 +4,24 @@ kernel log's OOM lines, the oom_score_adj floor it inherited)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
 import subprocess
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from supervisor.daemon.running.cgroups import unified_mount
+from supervisor.keeper.cgroup import remove_tree
 from supervisor.wire import protocol
 
 from .conftest import Daemon
-from .unprivileged import OOM_FLOOR, OwnDaemon
+from .unprivileged import OOM_FLOOR, OwnDaemon, OwnUser
 
 pytestmark = pytest.mark.integration
 
@@ -159,3 +162,38 @@ def test_a_kernel_oom_line_tells_an_oom_kill_from_a_plain_sigkill_without_a_coun
     assert killed["attempts"][0]["evidence"] == {"source": "kernel_log"}
     other = d.wait_done(plain)
     assert (other["reason"], other["attempts"][0]["evidence"]) == ("signal", None)
+
+
+@pytest.fixture
+def delegated(own_user: OwnUser) -> Iterator[Path]:
+    """A cgroup (v2) that root made and gave to the test user, as Delegate=yes does."""
+    mount = unified_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 hierarchy")
+    group = mount / f"gpusv-own-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        for path in (group, *(group / f for f in ("cgroup.procs", "cgroup.subtree_control"))):
+            os.chown(path, own_user.uid, own_user.gid)
+        yield group
+    finally:
+        for path in sorted(group.rglob("cgroup.procs"), key=lambda p: -len(p.parts)):
+            for pid in path.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        remove_tree(group)
+
+
+def test_a_user_daemon_uses_a_cgroup_it_may_write_its_detection_is_by_permission(
+    make_own_daemon: Callable[..., Daemon], delegated: Path
+) -> None:
+    """Not by its uid: a user's gpusvd in a cgroup delegated to it makes job cgroups there
+    (the daemon's own test above, in one it may not write, makes none)."""
+    d = own(make_own_daemon, gpus="1x8G", start=False)
+    d.cgroup = delegated
+    d.start()
+    job = d.submit("sleep", "300", gpus=0)
+    pid = d.wait_pid(job)
+    assert f"/{delegated.name}/" in cgroup_of(pid) and f"/job-{job}-1" in cgroup_of(pid)
+    d.cli("cancel", str(job))
+    assert d.wait_done(job)["state"] == "cancelled"

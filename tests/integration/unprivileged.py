@@ -193,6 +193,7 @@ class OwnDaemon(Daemon):
             path.mkdir(mode=0o700)
         for path in (root, *root.rglob("*")):
             os.chown(path, user.uid, user.gid)
+        self.cgroup: Path | None = None  # a cgroup delegated to the user, to start it in
         self.state = self.state_home / "gpusvd"
         self.socket = self.runtime_dir / "gpusvd.sock"
         self.env = {
@@ -206,6 +207,9 @@ class OwnDaemon(Daemon):
 
     def argv(self) -> list[str]:
         floor = ["choom", "-n", str(OOM_FLOOR), "--"]
+        if self.cgroup is not None:  # joined as root, before the ids change
+            join = 'echo $$ > "$0" && exec "$@"'
+            floor = ["sh", "-c", join, str(self.cgroup / "cgroup.procs"), *floor]
         argv = [*floor, *self.user.prefix(), self.python, "-m", "supervisor.daemon.life.app"]
         argv += ["--config", str(self.config), "--kernel-log", self.kernel_source]
         return argv + (["--simulate-gpus", self.gpus] if self.gpus else [])
@@ -265,4 +269,17 @@ def make_own(user: OwnUser) -> Iterator[Callable[..., OwnDaemon]]:
             d.kill9()
         _kill_keepers(d)
         _kill_jobs(d)
+        _kill_strays(d)
         shutil.rmtree(d.root, ignore_errors=True)
+
+
+def _kill_strays(d: OwnDaemon) -> None:
+    """The user's processes still working in the daemon's directory: a job's escapee
+    that cleared its environment is out of _kill_jobs's reach (and of its keeper's)."""
+    import psutil
+
+    for proc in psutil.process_iter(["uids", "cwd"]):
+        uids, cwd = proc.info["uids"], proc.info["cwd"] or ""
+        if uids is not None and uids.real == d.user.uid and f"{cwd}/".startswith(f"{d.root}/"):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
