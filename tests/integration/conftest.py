@@ -249,7 +249,10 @@ def make_own_daemon(own_user: OwnUser) -> Iterator[Callable[..., Daemon]]:
     yield from make_own(own_user)
 
 
-@pytest.fixture(params=["root", "user"])
+AS_A_USER = "making a test user, and starting its gpusvd as it"
+
+
+@pytest.fixture(params=["root", pytest.param("user", marks=pytest.mark.root(AS_A_USER))])
 def make_any_daemon(request: pytest.FixtureRequest) -> Callable[..., Daemon]:
     """make_daemon both ways, for a behaviour that a user's gpusvd keeps without root:
     by root (cgroups), and by an ordinary user (the fallbacks)."""

@@ -20,10 +20,10 @@ from supervisor.daemon.running.cgroups import unified_mount
 from supervisor.keeper.cgroup import remove_tree
 from supervisor.wire import protocol
 
-from .conftest import Daemon
+from .conftest import AS_A_USER, Daemon
 from .unprivileged import OOM_FLOOR, OwnDaemon, OwnUser
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.root(AS_A_USER)]
 
 # 300 MiB touched and held for 1.5 s, freed, then 1.5 s at a few MiB: the tail is what
 # the last sample sees, the peak only what the largest one did.
