@@ -25,8 +25,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from supervisor.daemon.cgroups import memory_peak_mb
 from supervisor.daemon.config import HostMemoryConfig
-from supervisor.daemon.running.cgroups import memory_peak_mb
 from supervisor.daemon.watch.memory import TreeSampler
 from supervisor.keeper.__main__ import become_subreaper
 from supervisor.keeper.cgroup import orphan_pids, tree_pids

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.daemon.running.cgroups import unified_mount
+from supervisor.daemon.cgroups import unified_mount
 from supervisor.keeper.cgroup import remove_tree
 from supervisor.wire import protocol
 
