@@ -4,7 +4,6 @@ kernel log's OOM lines, the oom_score_adj floor it inherited)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import stat
@@ -165,8 +164,11 @@ def test_a_kernel_oom_line_tells_an_oom_kill_from_a_plain_sigkill_without_a_coun
 
 
 @pytest.fixture
-def delegated(own_user: OwnUser) -> Iterator[Path]:
-    """A cgroup (v2) that root made and gave to the test user, as Delegate=yes does."""
+def delegated(
+    own_user: OwnUser, make_own_daemon: Callable[..., Daemon]
+) -> Iterator[tuple[Path, Callable[..., Daemon]]]:
+    """A cgroup (v2) that root made and gave to the test user, as Delegate=yes does, and
+    make_own_daemon, whose daemons are gone before the cgroup is removed."""
     mount = unified_mount()
     if mount is None:
         pytest.skip("no cgroup2 hierarchy")
@@ -175,25 +177,22 @@ def delegated(own_user: OwnUser) -> Iterator[Path]:
     try:
         for path in (group, *(group / f for f in ("cgroup.procs", "cgroup.subtree_control"))):
             os.chown(path, own_user.uid, own_user.gid)
-        yield group
+        yield group, make_own_daemon
     finally:
-        for path in sorted(group.rglob("cgroup.procs"), key=lambda p: -len(p.parts)):
-            for pid in path.read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-        remove_tree(group)
+        remove_tree(group)  # empties each group out first, deepest first
 
 
 def test_a_user_daemon_uses_a_cgroup_it_may_write_its_detection_is_by_permission(
-    make_own_daemon: Callable[..., Daemon], delegated: Path
+    delegated: tuple[Path, Callable[..., Daemon]],
 ) -> None:
     """Not by its uid: a user's gpusvd in a cgroup delegated to it makes job cgroups there
     (the daemon's own test above, in one it may not write, makes none)."""
+    group, make_own_daemon = delegated
     d = own(make_own_daemon, gpus="1x8G", start=False)
-    d.cgroup = delegated
+    d.cgroup = group
     d.start()
     job = d.submit("sleep", "300", gpus=0)
     pid = d.wait_pid(job)
-    assert f"/{delegated.name}/" in cgroup_of(pid) and f"/job-{job}-1" in cgroup_of(pid)
+    assert f"/{group.name}/" in cgroup_of(pid) and f"/job-{job}-1" in cgroup_of(pid)
     d.cli("cancel", str(job))
     assert d.wait_done(job)["state"] == "cancelled"
