@@ -229,14 +229,26 @@ def orphan_pids(reaper: int, job: int, attempt: int) -> list[int]:
     tags = {f"GPUSV_JOB_ID={job}".encode(), f"GPUSV_ATTEMPT={attempt}".encode()}
     found: list[int] = []
     for child in _children(reaper):
-        try:
-            with open(f"/proc/{child}/environ", "rb") as fh:
-                env = set(fh.read().split(b"\0"))
-        except OSError:  # gone, or not ours to read
-            continue
-        if tags <= env and child not in found:
+        env = _environ(child)
+        if env is not None and tags <= set(env.split(b"\0")) and child not in found:
             found += [child, *(p for p in tree_pids(child) if p not in found)]
     return found
+
+
+def _environ(pid: int, tries: int = 25) -> bytes | None:
+    """The environment a process started with; None if gone or not ours. A process in
+    the middle of an exec reads as empty (its new memory has no environment yet): read
+    again for a few ms before taking it at its word."""
+    for _ in range(tries):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            return None
+        if env:
+            return env
+        time.sleep(0.002)
+    return b""
 
 
 def _children(pid: int) -> list[int]:
