@@ -88,10 +88,21 @@ _INTEGRATION = Path(__file__).parent / "integration"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/integration/ starts a real gpusvd or keeper: it carries the
-    `integration` marker, so that `-m "not integration"` runs the unit tests alone."""
+    `integration` marker, so that `-m "not integration"` runs the unit tests alone. A
+    `root` marker must say why the test needs root."""
     for item in items:
         if _INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
+        marker = item.get_closest_marker("root")
+        if marker is not None and not (marker.args and isinstance(marker.args[0], str)):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.root needs its reason")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `root` says in one line why it needs root, and skips without it."""
+    marker = item.get_closest_marker("root")
+    if marker is not None and os.geteuid() != 0:
+        pytest.skip(f"needs root: {marker.args[0]}")
 
 
 def pytest_terminal_summary(

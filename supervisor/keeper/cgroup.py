@@ -213,17 +213,50 @@ def tree_pids(leader: int) -> list[int]:
     found: list[int] = []
     stack = [leader]
     while stack:
-        pid = stack.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            for child in _read(f"/proc/{pid}/task/{tid}/children").split():
-                if int(child) not in found:
-                    found.append(int(child))
-                    stack.append(int(child))
+        for child in _children(stack.pop()):
+            if child not in found:
+                found.append(child)
+                stack.append(child)
     return found
+
+
+def orphan_pids(reaper: int, job: int, attempt: int) -> list[int]:
+    """The fallback's escapees: children of `reaper` (the job's keeper, a child
+    subreaper, which every process of the job whose parent died is re-parented to) that
+    carry the attempt's GPUSV_JOB_ID and GPUSV_ATTEMPT in the environment they started
+    with, and their descendants (the living leader is one of them too). A double fork
+    into a new session leaves both the leader's tree and its session, but not that."""
+    tags = {f"GPUSV_JOB_ID={job}".encode(), f"GPUSV_ATTEMPT={attempt}".encode()}
+    found: list[int] = []
+    for child in _children(reaper):
+        env = _environ(child)
+        if env is not None and tags <= set(env.split(b"\0")) and child not in found:
+            found += [child, *(p for p in tree_pids(child) if p not in found)]
+    return found
+
+
+def _environ(pid: int, tries: int = 25) -> bytes | None:
+    """The environment a process started with; None if gone or not ours. A process in
+    the middle of an exec reads as empty (its new memory has no environment yet): read
+    again for a few ms before taking it at its word."""
+    for _ in range(tries):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            return None
+        if env:
+            return env
+        time.sleep(0.002)
+    return b""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    return [int(c) for tid in tasks for c in _read(f"/proc/{pid}/task/{tid}/children").split()]
 
 
 def _read(path: str | Path) -> str:

@@ -244,7 +244,7 @@ class Jobs:
             error=live.error or None,
             peak_bytes=peak,
             oom_kills=oom,
-            leftovers=len(cgroup.pids(groups)),
+            leftovers=len(cgroup.pids(groups) if groups.any else self._escapees(record)),
         )
         reply, error = live.spawn_reply, live.error
         if reply is not None and error:
@@ -272,10 +272,12 @@ class Jobs:
 
     def send(self, record: Record, sig: int) -> None:
         groups = self.groups(record)
+        # Listed before the first signal: a child whose parent it kills is re-parented
+        # to us, out of the tree, before a later look could find it there.
+        pids = cgroup.pids(groups) if groups.any else self._tree(record)
         if not record.ended:  # the session id is the leader's pid only while it lives
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, sig)
-        pids = cgroup.pids(groups) if groups.any else cgroup.tree_pids(record.pid)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
@@ -284,7 +286,18 @@ class Jobs:
         groups = self.groups(record)
         if groups.any:
             return record.ended and not cgroup.pids(groups)
-        return record.ended
+        return record.ended and not self._escapees(record)
+
+    def _tree(self, record: Record) -> list[int]:
+        """Without a cgroup: the leader's descendants while it lives, and the escapees."""
+        tree = [] if record.ended else cgroup.tree_pids(record.pid)
+        return tree + [p for p in self._escapees(record) if p not in tree]
+
+    @staticmethod
+    def _escapees(record: Record) -> list[int]:
+        """The job's processes re-parented to us (we are a subreaper), by their tag."""
+        found = cgroup.orphan_pids(os.getpid(), record.job, record.attempt)
+        return [p for p in found if p != record.pid or not record.ended]
 
     def tick(self) -> float | None:
         """Deadlines due now; the seconds until the next one, None when none waits."""
@@ -335,7 +348,8 @@ class Jobs:
         if groups.any:
             return cgroup.pids(groups)
         alive = not record.ended and spawn.start_ticks(record.pid) == record.start_ticks
-        return ([record.pid] if alive else []) + cgroup.tree_pids(record.pid)
+        tree = [record.pid] if alive else []
+        return tree + [p for p in self._tree(record) if p not in tree]
 
     def memory(self, key: Key) -> tuple[int | None, int | None]:
         return cgroup.memory(self.groups(self._known(key)))

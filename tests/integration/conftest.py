@@ -31,6 +31,7 @@ class Daemon:
         self.config.write_text(config)
         self.log = root / "daemon.log"
         self.gpus = gpus
+        self.python = sys.executable  # one its jobs may run (root's own may be out of reach)
         self.env = {
             # A visibility variable of the test runner's own would restrict the cards.
             **{k: v for k, v in os.environ.items() if k not in ALLOCATION_VARIABLES},
@@ -231,3 +232,38 @@ def daemon(make_daemon: Callable[..., Daemon]) -> Daemon:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1)
+
+
+# ---- a user's own gpusvd ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def own_user() -> Iterator[OwnUser]:
+    """The test user that runs its own gpusvd (skips where users cannot be made)."""
+    yield from own_user_setup()
+
+
+@pytest.fixture
+def make_own_daemon(own_user: OwnUser) -> Iterator[Callable[..., Daemon]]:
+    """Like make_daemon, but gpusvd runs as the test user: no cgroups, no setuid."""
+    yield from make_own(own_user)
+
+
+AS_A_USER = "making a test user, and starting its gpusvd as it"
+
+
+@pytest.fixture(params=["root", pytest.param("user", marks=pytest.mark.root(AS_A_USER))])
+def make_any_daemon(request: pytest.FixtureRequest) -> Callable[..., Daemon]:
+    """make_daemon both ways, for a behaviour that a user's gpusvd keeps without root:
+    by root (cgroups), and by an ordinary user (the fallbacks)."""
+    name = "make_daemon" if request.param == "root" else "make_own_daemon"
+    make: Callable[..., Daemon] = request.getfixturevalue(name)
+    return make
+
+
+@pytest.fixture
+def any_daemon(make_any_daemon: Callable[..., Daemon]) -> Daemon:
+    return make_any_daemon()
+
+
+from .unprivileged import OwnUser, make_own, own_user_setup  # noqa: E402  (needs Daemon)

@@ -15,7 +15,7 @@ from .test_host_memory import memory_cgroup
 GIB = 1 << 30
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
+@pytest.mark.root("creating a memory cgroup needs root")
 def test_a_daemon_in_a_2_gib_cgroup_projects_against_2_gib(
     make_daemon: Callable[..., Daemon],
 ) -> None:

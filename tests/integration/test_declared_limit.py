@@ -3,7 +3,6 @@ kills that job alone when it grows past it, and the kill is told from its own co
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,7 @@ from .test_host_memory import hog
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 

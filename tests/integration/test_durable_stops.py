@@ -5,7 +5,6 @@ run again."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -14,7 +13,7 @@ import pytest
 from .conftest import Daemon
 from .keeper_fixture import alive
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root")
+pytestmark = pytest.mark.root("job cgroups need root")
 
 STUBBORN = "trap '' TERM; echo up; while :; do sleep 0.2; done"  # outlives SIGTERM
 GRACE = 4

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -59,7 +58,8 @@ def test_gang_job_sees_both_cards_and_cpu_job_sees_none(daemon: Daemon) -> None:
     assert by_job[str(cpu)]["cvd"] == ""  # set and empty: the job sees no GPU
 
 
-def test_cancel_kills_the_whole_tree_including_a_setsid_grandchild(daemon: Daemon) -> None:
+def test_cancel_kills_the_whole_tree_including_a_setsid_grandchild(any_daemon: Daemon) -> None:
+    daemon = any_daemon
     pidfile = daemon.root / "grandchild.pid"
     script = f"setsid sleep 300 & echo $! > {pidfile}; sleep 300"
     job = daemon.submit("sh", "-c", script)
@@ -76,7 +76,8 @@ def test_cancel_kills_the_whole_tree_including_a_setsid_grandchild(daemon: Daemo
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
 
 
-def test_descendants_left_behind_by_the_leader_are_killed(daemon: Daemon) -> None:
+def test_descendants_left_behind_by_the_leader_are_killed(any_daemon: Daemon) -> None:
+    daemon = any_daemon
     pidfile = daemon.root / "orphan.pid"
     job = daemon.submit("sh", "-c", f"setsid sleep 300 & echo $! > {pidfile}")
     assert daemon.wait_done(job)["state"] == "succeeded"
@@ -135,8 +136,9 @@ def test_ordinary_failures_use_their_budget_then_fail(daemon: Daemon) -> None:
 
 
 def test_kill_9_mid_run_then_restart_takes_the_job_back_and_loses_nothing(
-    daemon: Daemon,
+    any_daemon: Daemon,
 ) -> None:
+    daemon = any_daemon
     running = daemon.submit("sleep", "300")
     leader = daemon.wait_pid(running)
     queued = [daemon.submit("sleep", "0.1", gpus=2) for _ in range(3)]
@@ -234,7 +236,7 @@ def test_no_gpu_box_runs_cpu_jobs_and_warns(make_daemon: Callable[..., Daemon]) 
     assert d.wait_done(job)["state"] == "succeeded"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to check the socket's mode")
+@pytest.mark.root("needs root to check the socket's mode")
 def test_socket_is_not_world_accessible(daemon: Daemon) -> None:
     assert daemon.socket.stat().st_mode & 0o777 == 0o660
 

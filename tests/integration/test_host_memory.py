@@ -140,10 +140,10 @@ def test_cancelling_a_held_job_leaves_other_holds_intact(
     assert d.wait_done(held[1])["state"] == "succeeded"
 
 
-def test_squeeze_guard_stops_the_newest_job(make_daemon: Callable[..., Daemon]) -> None:
+def test_squeeze_guard_stops_the_newest_job(make_any_daemon: Callable[..., Daemon]) -> None:
     # MemAvailable is always below a threshold this high: the guard must act at once.
     config = CONFIG + 'squeeze_below = "1000T"\nlimit = "2000T"\n'
-    d = make_daemon(config=config.replace('limit = "600M"\n', ""))
+    d = make_any_daemon(config=config.replace('limit = "600M"\n', ""))
     job = d.submit("sleep", "300", retries=0)
     done = d.wait_done(job)
     assert done["reason"] == "oom_killed"
@@ -208,7 +208,7 @@ def daemon_inside(cgroup: Path, make_daemon: Callable[..., Daemon]) -> Daemon:
     return d
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
+@pytest.mark.root("creating a memory cgroup needs root")
 def test_real_kernel_oom_kills_the_newest_job_not_the_older_larger_one(
     make_daemon: Callable[..., Daemon],
 ) -> None:
@@ -350,7 +350,7 @@ def _squeeze_guard_waits_for_its_victim(make_daemon: Callable[..., Daemon]) -> N
         d.cli("cancel", str(job))
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
+@pytest.mark.root("creating a memory cgroup needs root")
 def test_a_sigkill_after_another_jobs_oom_kill_is_not_taken_for_one(
     make_daemon: Callable[..., Daemon],
 ) -> None:

@@ -20,7 +20,7 @@ from .keeper_fixture import Keeper, alive, keeper, wait_for
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups and other users need root"),
+    pytest.mark.root("job cgroups and other users need root"),
 ]
 
 Message = dict[str, Any]

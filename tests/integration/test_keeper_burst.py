@@ -16,7 +16,7 @@ from .keeper_fixture import Keeper, keeper
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 JOBS = 20

@@ -19,7 +19,7 @@ from .keeper_fixture import MEMCG, alive, keeper, wait_for
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 # Every process ignores SIGTERM (an ignored signal stays ignored across exec), clears its

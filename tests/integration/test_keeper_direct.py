@@ -21,7 +21,7 @@ from .keeper_fixture import keeper
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root here"),
+    pytest.mark.root("job cgroups need root here"),
 ]
 
 REPORT = (

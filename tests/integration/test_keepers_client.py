@@ -26,7 +26,7 @@ from .keeper_fixture import MEMCG, UNIFIED, alive, wait_for
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 

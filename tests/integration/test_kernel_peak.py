@@ -3,7 +3,6 @@ sampling interval is still recorded, and feeds the next run's projection."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 
@@ -13,7 +12,7 @@ from .conftest import Daemon
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 # 300 MiB touched for a few milliseconds, then freed: the sampler (every 60 s here) never

@@ -24,9 +24,10 @@ LOCK = "/tmp/gpusv-test-kmsg.lock"
 CARDS = 40
 LAST_BUS = f"0000:{CARDS:02x}:00"  # card 39
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.access(KMSG, os.W_OK), reason="writing /dev/kmsg needs root"
-)
+pytestmark = [
+    pytest.mark.root("writing /dev/kmsg needs root"),
+    pytest.mark.skipif(not os.access(KMSG, os.W_OK), reason="/dev/kmsg is not writable here"),
+]
 
 
 class Kmsg:

@@ -6,7 +6,6 @@ a daemon that died, a drain or a hang of its card let it go."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ from .test_gpu_hangs import XID_109_CARD0
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 KEY = "ahead-kind"

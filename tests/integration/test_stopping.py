@@ -15,7 +15,7 @@ from .conftest import Daemon
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root"),
+    pytest.mark.root("job cgroups need root"),
 ]
 
 LONG_GRACE = "[jobs]\nkill_grace_s = 600\n"

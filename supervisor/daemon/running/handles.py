@@ -15,6 +15,7 @@ import psutil
 import structlog
 
 from supervisor.core.jobs import ExitStatus
+from supervisor.keeper.cgroup import orphan_pids
 from supervisor.keeper.client import Connection, KeeperError
 from supervisor.keeper.journal import Key, Record
 
@@ -69,19 +70,24 @@ class KeptProcess:
         return None
 
     def pids_now(self) -> list[int]:
-        """From cgroup.procs (v2, else v1 memory): no /proc scan, no escape."""
+        """From cgroup.procs (v2, else v1 memory): no /proc scan, no escape. Without a
+        cgroup: the leader's tree, and what its keeper was left of it (escapees that
+        kept their tag, once their parent died; see keeper/cgroup.py's orphan_pids)."""
         for path in (self.record.cgroup, self.record.memcg):
             if path:
                 try:
                     return [int(p) for p in _read_all(f"{path}/cgroup.procs").split()]
                 except (OSError, ValueError):
                     continue
+        pids: list[int] = []
         leader = self.leader
-        if leader is None:
-            return []
-        with contextlib.suppress(psutil.Error):
-            return [self.pid, *(c.pid for c in leader.children(recursive=True))]
-        return []
+        if leader is not None:
+            with contextlib.suppress(psutil.Error):
+                pids = [self.pid, *(c.pid for c in leader.children(recursive=True))]
+        if self.keeper.pid:
+            found = orphan_pids(self.keeper.pid, *self.key)
+            pids += [p for p in found if p not in pids and (p != self.pid or leader)]
+        return pids
 
     def tree(self, table: object = None) -> list[psutil.Process]:
         procs = []

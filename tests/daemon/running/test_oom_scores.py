@@ -180,7 +180,7 @@ def _has_cap_sys_resource() -> bool:
     return bool(int(eff, 16) >> 24 & 1)  # CAP_SYS_RESOURCE is capability 24
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root and setpriv")
+needs_root = pytest.mark.root("needs root and setpriv")
 
 
 @pytest.mark.skipif(
