@@ -51,6 +51,7 @@ class AlreadyRunning(StartupError):
     """Another gpusvd answers on the socket."""
 
 
+SUN_PATH_MAX = 108  # sockaddr_un's sun_path, its NUL included
 REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cut off
 # A full descriptor table is a pressure to wait out, not a reason to stop serving.
 _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -74,7 +75,9 @@ def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
 
 
 def probe_stale(path: Path) -> None:
-    """Remove a socket left by a dead daemon; refuse to steal one a live daemon serves."""
+    """Refuse to steal a socket a live daemon serves. A dead daemon's socket is left in
+    place, refusing, until the new one is bound over it: to a client, a socket that
+    refuses means a daemon that is coming back (docs/operations.md, "Restarts")."""
     if not path.exists() and not path.is_symlink():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,7 +85,6 @@ def probe_stale(path: Path) -> None:
     try:
         probe.connect(str(path))
     except (ConnectionRefusedError, FileNotFoundError):
-        path.unlink(missing_ok=True)
         return
     except OSError as exc:
         raise AlreadyRunning(f"cannot probe existing socket {path}: {exc.strerror}") from None
@@ -125,17 +127,25 @@ def preflight(path: Path, group: str) -> None:
 
 
 async def bind(path: Path, mode: int, group: str) -> anyio.abc.SocketListener:
+    """Listen on `path`: bound, given its mode and group under a name of its own, then
+    renamed over the old daemon's socket, so that the path never goes missing."""
     gid = socket_gid(group)
     path.parent.mkdir(parents=True, exist_ok=True)
     probe_stale(path)
+    fresh = path.with_name(f".{path.name}.new")
+    if len(os.fsencode(fresh)) >= SUN_PATH_MAX:
+        fresh = path  # no room for the longer name: bound in place (the old one removed)
+    fresh.unlink(missing_ok=True)
     old = os.umask(0o177)  # private from the bind on, until chmod opens it to the group
     try:
-        listener = await anyio.create_unix_listener(path)
+        listener = await anyio.create_unix_listener(fresh)
     finally:
         os.umask(old)
     if gid is not None:
-        os.chown(path, -1, gid)
-    os.chmod(path, mode)
+        os.chown(fresh, -1, gid)
+    os.chmod(fresh, mode)
+    if fresh != path:
+        os.rename(fresh, path)
     return listener
 
 
@@ -165,6 +175,9 @@ class Server:
         self.held = Connections(max_connections, max_per_user, kept)
         self.me = os.getpid()
         self.serial = 0
+        # Only a stop removes the socket: after a crash or a restart it stays, refusing,
+        # which tells waiting clients that a daemon is coming back.
+        self.remove_socket = False
         # Told of every admitted connection's end.
         self.on_close = on_close or _nothing
 
@@ -181,8 +194,9 @@ class Server:
                 task_status.started()
                 await self._accept_loop(listener, tg)
         finally:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+            if self.remove_socket:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
 
     async def _accept_loop(
         self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup
