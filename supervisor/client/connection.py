@@ -1,6 +1,6 @@
 """The client side of the socket protocol: one connection, requests one at a time.
 
-Used by the `gpusv` CLI, the bench and the tests. It imports json, _socket and the framing
+Used by the `gpusv` CLI, the bench and the tests. It imports json, time, _socket and the framing
 only (no typing, pathlib or contextlib at run time): every command pays for its imports.
 Given a `connect_timeout`, a call rides through a daemon restart: it waits for the next
 daemon and sends the request again where that is safe (the policy: reconnect.py).
@@ -25,6 +25,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
+
+    from supervisor.client.reconnect import Patience
 
     SocketPath = str | os.PathLike[str]
 
@@ -161,7 +163,7 @@ class Client:
         request.setdefault("version", framing.VERSION)
         started = monotonic()
         self._deadline = None if self.answer_timeout is None else started + self.answer_timeout
-        patience: Any = None
+        patience: Patience | None = None
         try:
             while True:
                 try:
@@ -184,7 +186,7 @@ class Client:
             raise Refused(err.get("code", "error"), err.get("message", "request refused"))
         return reply
 
-    def _wait(self, lost: _Lost, request: dict[str, Any], patience: Any) -> Any:
+    def _wait(self, lost: _Lost, request: dict[str, Any], patience: Patience | None) -> Patience:
         """Wait before the next try (a restarting daemon), or say why there is none."""
         sent = lost.sent or (patience is not None and patience.sent)
         if self.connect_timeout is not None and self.connect_timeout <= 0:
@@ -204,7 +206,7 @@ class Client:
             or lost.refused
             or reconnect.unit_activating([os.fspath(p) for p in self.paths])
         ):
-            raise Unreachable(_down(lost), maybe_sent=sent, waited=patience.tries > 0)
+            raise Unreachable(_down(lost), maybe_sent=sent, waited=sent or patience.tries > 0)
         if not patience.pause():
             message = reconnect.gone_message(lost.tried, patience.waited_s(), request)
             raise Unreachable(message, maybe_sent=sent, waited=True)

@@ -1,16 +1,17 @@
 """Riding through a daemon restart: whether a lost daemon is coming back, how long to wait
 for it, and which requests may be sent to the next one.
 
-The rule (docs/operations.md, "Restarts"): a daemon is restarting when its socket file is
-there but refuses connections. gpusvd removes its socket only when it stops (a drain);
-after a crash, `kill -9`, the deadman's exit 70, the watchdog or `systemctl restart` the
-socket stays, refusing, until the next gpusvd binds a new one over it (the unit keeps
-/run/gpusvd through a restart). No socket file at all means no daemon is coming: a command
-fails at once, unless systemd says gpusvd's unit is starting (`activating`), which covers
-the start of the system daemon, before its first socket exists.
+The rule (docs/operations.md, "What a restart means for clients"): a daemon is
+restarting when its socket file is there but refuses connections. gpusvd removes its
+socket only when it stops (a drain); after a crash, `kill -9`, the deadman's exit 70, the
+watchdog or `systemctl restart` the socket stays, refusing, until the next gpusvd binds a
+new one over it (the unit keeps /run/gpusvd through a restart). No socket file at all
+means no daemon is coming: a command fails at once, unless systemd says gpusvd's unit is
+starting (`activating`), which covers the start of the system daemon, before its first
+socket exists.
 
-Imported only once a connection has failed: a command that reaches its daemon pays
-nothing for it.
+`list` and `show` (quick.py) import it only once a connection has failed: the commands
+typed most often pay nothing for it while their daemon answers.
 """
 
 from __future__ import annotations

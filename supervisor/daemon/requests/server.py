@@ -77,7 +77,8 @@ def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
 def probe_stale(path: Path) -> None:
     """Refuse to steal a socket a live daemon serves. A dead daemon's socket is left in
     place, refusing, until the new one is bound over it: to a client, a socket that
-    refuses means a daemon that is coming back (docs/operations.md, "Restarts")."""
+    refuses means a daemon that is coming back (docs/operations.md, "What a restart
+    means for clients")."""
     if not path.exists() and not path.is_symlink():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
