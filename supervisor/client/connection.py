@@ -204,6 +204,7 @@ class Client:
         if lost.denied or not (
             lost.sent
             or lost.refused
+            or patience.in_the_gap(sent)
             or reconnect.unit_activating([os.fspath(p) for p in self.paths])
         ):
             raise Unreachable(_down(lost), maybe_sent=sent, waited=sent or patience.tries > 0)

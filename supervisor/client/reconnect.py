@@ -96,6 +96,16 @@ class Patience:
         self.tries = 0
         self.sent = False  # the request may have reached a daemon that went away
         self.wait_s = request.get("timeout_s") if request.get("type") == "wait" else None
+        self.gap_seen = False
+
+    def in_the_gap(self, sent: bool) -> bool:
+        """No socket, for a client that saw one refuse (or lost its connection): the new
+        daemon may be between removing the old socket and binding its own, a moment. One
+        more look after a pause; no socket then, and the daemon was stopped."""
+        if self.gap_seen or not (sent or self.tries):
+            return False
+        self.gap_seen = True
+        return True
 
     def _end(self) -> float:
         end = self.since + self.bound_s

@@ -51,7 +51,6 @@ class AlreadyRunning(StartupError):
     """Another gpusvd answers on the socket."""
 
 
-SUN_PATH_MAX = 108  # sockaddr_un's sun_path, its NUL included
 REFUSED_READ = 64 * 1024  # what a refused client may still send before it is cut off
 # A full descriptor table is a pressure to wait out, not a reason to stop serving.
 _ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -128,25 +127,20 @@ def preflight(path: Path, group: str) -> None:
 
 
 async def bind(path: Path, mode: int, group: str) -> anyio.abc.SocketListener:
-    """Listen on `path`: bound, given its mode and group under a name of its own, then
-    renamed over the old daemon's socket, so that the path never goes missing."""
+    """Listen on `path`. The old daemon's socket, refusing until now, is replaced at the
+    bind itself: it is there, for clients to wait on, all through the start-up."""
     gid = socket_gid(group)
     path.parent.mkdir(parents=True, exist_ok=True)
     probe_stale(path)
-    fresh = path.with_name(f".{path.name}.new")
-    if len(os.fsencode(fresh)) >= SUN_PATH_MAX:
-        fresh = path  # no room for the longer name: bound in place (the old one removed)
-    fresh.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
     old = os.umask(0o177)  # private from the bind on, until chmod opens it to the group
     try:
-        listener = await anyio.create_unix_listener(fresh)
+        listener = await anyio.create_unix_listener(path)
     finally:
         os.umask(old)
     if gid is not None:
-        os.chown(fresh, -1, gid)
-    os.chmod(fresh, mode)
-    if fresh != path:
-        os.rename(fresh, path)
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
     return listener
 
 
