@@ -59,3 +59,11 @@ def test_a_submit_given_up_on_names_its_request_id() -> None:
     text = reconnect.gone_message(["/s (refused)"], 60.0, {"type": "submit", "request_id": "abc"})
     assert text.startswith("gpusvd did not come back within 60 s: tried /s (refused)")
     assert "--request-id abc" in text
+
+
+def test_a_missing_socket_is_looked_at_once_more_only_after_a_refusal() -> None:
+    fresh = reconnect.Patience(60.0, None, {"type": "list"})
+    assert not fresh.in_the_gap(sent=False)  # never saw a daemon: no socket is no daemon
+    seen = reconnect.Patience(60.0, None, {"type": "list"})
+    assert seen.in_the_gap(sent=True)
+    assert not seen.in_the_gap(sent=True)  # the second time, the daemon was stopped

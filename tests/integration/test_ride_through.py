@@ -182,6 +182,19 @@ def test_a_stopped_daemon_is_exit_3_at_once(daemon: Daemon) -> None:
     assert result.returncode == 3 and "not running" in result.stderr
 
 
+def test_a_run_whose_daemon_is_stopped_is_exit_3_at_once(daemon: Daemon) -> None:
+    """A stop is not a restart: the daemon drains and removes its socket."""
+    d = daemon
+    run = Attached(d, "run", "--connect-timeout", "300", "run", "--gpus", "0", "--", "sleep", "300")
+    try:
+        d.wait_for(lambda: json.loads(d.cli("list", "--json").stdout), what="the run's job")
+        d.stop()
+        assert run.wait(timeout=120) == 3  # the ceiling is under the bound: no wait for it
+        assert "not running" in run.err.read_text()
+    finally:
+        run.stop()
+
+
 def test_a_daemon_that_stays_away_is_exit_3_past_the_bound(daemon: Daemon) -> None:
     d = daemon
     run = Attached(d, "run", "--connect-timeout", "2", "run", "--gpus", "0", "--", "sleep", "300")
