@@ -207,7 +207,9 @@ def _add_operators(sub: Any) -> None:
         _json(s)
         s.set_defaults(fn=fn)
         if name == "health":
-            s.add_argument("--timeout", default="10", metavar="DURATION", help="exit 3 past it")
+            s.add_argument(
+                "--timeout", default="10", metavar="DURATION", help="unanswered by then: exit 3"
+            )
     sub.add_parser("metrics", help="Prometheus text").set_defaults(fn="commands.cmd_metrics")
     s = sub.add_parser("top", help="live view: cards, running and held jobs, hangs")
     s.add_argument("--once", action="store_true", help="print one screen and exit")
