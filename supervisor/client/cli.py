@@ -114,9 +114,16 @@ def _guarded(command: Callable[[], int]) -> int:
 def _call(a: argparse.Namespace) -> int:
     import importlib
 
+    from supervisor.client.reconnect import connect_timeout
+
     module, _, name = a.fn.partition(".")
     fn = getattr(importlib.import_module(f"supervisor.client.{module}"), name)
-    code: int = fn(Client(_sockets(a)), a)
+    client = Client(_sockets(a), connect_timeout(a.connect_timeout, os.environ))
+    if a.cmd == "health":  # its answer is bounded as a whole, the wait for a restart too
+        from supervisor.wire.durations import parse_duration
+
+        client.answer_timeout = parse_duration(a.timeout, "--timeout")
+    code: int = fn(client, a)
     return code
 
 

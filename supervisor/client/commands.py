@@ -50,8 +50,8 @@ def submit_call(client: Client, request: dict[str, Any]) -> dict[str, Any]:
             return dict(client.call(request))
         except Unreachable as exc:
             sent = sent or exc.maybe_sent
-            if not sent or "request_id" not in request:
-                raise
+            if not sent or "request_id" not in request or exc.waited:
+                raise  # exc.waited: the client's own wait for a restart has run out
             if time.monotonic() > deadline:
                 raise Unreachable(
                     f"{exc}; the submit may have been recorded: repeat it with "

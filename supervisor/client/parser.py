@@ -206,6 +206,10 @@ def _add_operators(sub: Any) -> None:
         s = sub.add_parser(name, help=text)
         _json(s)
         s.set_defaults(fn=fn)
+        if name == "health":
+            s.add_argument(
+                "--timeout", default="10", metavar="DURATION", help="unanswered by then: exit 3"
+            )
     sub.add_parser("metrics", help="Prometheus text").set_defaults(fn="commands.cmd_metrics")
     s = sub.add_parser("top", help="live view: cards, running and held jobs, hangs")
     s.add_argument("--once", action="store_true", help="print one screen and exit")
@@ -231,6 +235,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version)
     p.add_argument("--socket", metavar="PATH", help="gpusvd's socket (default: see docs)")
     p.add_argument("--config", metavar="FILE", help="take the socket from this gpusvd config")
+    p.add_argument(
+        "--connect-timeout",
+        dest="connect_timeout",
+        metavar="DURATION",
+        help="wait this long for a restarting gpusvd (default $GPUSV_CONNECT_TIMEOUT or 60s)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_submit(sub)
     _add_reading(sub)

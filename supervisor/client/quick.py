@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 # The parser's defaults (parser.py), option -> (attribute, takes a value, converter).
-_GLOBAL = {"version": None, "socket": None, "config": None}
+_GLOBAL = {"version": None, "socket": None, "config": None, "connect_timeout": None}
 _LIST_DEFAULTS = {"state": None, "user": None, "mine": False, "all": False, "limit": 1000}
 _LIST_OPTIONS: dict[str, tuple[str, bool, Any]] = {
     "--state": ("state", True, str),
@@ -139,10 +139,10 @@ def run(a: SimpleNamespace) -> int:
     from supervisor.client import commands
     from supervisor.client.connection import Client, Unreachable
 
-    client = Client(sockets(a.socket, os.environ, os.geteuid()))
+    client = Client(sockets(a.socket, os.environ, os.geteuid()), connect_timeout=None)
     try:
         return commands.cmd_list(client, a) if a.cmd == "list" else commands.cmd_show(client, a)
     except Unreachable as exc:
-        if exc.maybe_sent:
+        if exc.maybe_sent or exc.waited:  # it went as far as the full path would
             raise
         raise NoAnswer from None

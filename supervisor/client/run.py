@@ -2,11 +2,14 @@
 
 The job is submitted with `"run": true`: the daemon cancels it when this connection goes
 away, so a killed client (or the batch job wrapping it) does not leave it running.
-Ctrl-C and SIGTERM cancel it at once and exit 128 + the signal.
+Ctrl-C and SIGTERM cancel it at once and exit 128 + the signal. When the daemon restarts,
+the client waits for the next one, sends its submit again (the same request id: the same
+job, tied to the new connection) and reads on from the offsets it had reached.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -69,11 +72,15 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
     if not command:
         raise ConfigError("run needs a command after --")
     request: dict[str, Any] = {"type": "submit", "argv": command, "run": True, **job_options(a)}
+    # Sent again to a restarted daemon, the submit makes no second job (its request id)
+    # and ties the job to the new connection, so that Ctrl-C still cancels it.
+    request["request_id"] = os.urandom(16).hex()
     previous = signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, _raise)
     job_id = None
     try:
         job_id = int(client.call(request)["ids"][0])
+        client.replay = [request]
         _stream(client, job_id)
         return exit_status(client.call({"type": "show", "ids": [job_id]})["job"])
     except _Stopped as stop:
@@ -81,7 +88,7 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if job_id is not None:  # a new connection: the signal may have cut a reply short
             sys.stderr.write(f"gpusv: cancelling job {job_id}\n")
-            Client(client.path).call({"type": "cancel", "ids": [job_id]})
+            Client(client.path, client.connect_timeout).call({"type": "cancel", "ids": [job_id]})
         return 128 + stop.signum
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -245,7 +245,7 @@ class Api:
             return {"ok": True, "jobs": out}
         rid = req.options.request_id
         ids, repeated = await self.enqueue(specs, peer.uid, rid)
-        if req.options.run and not repeated:
+        if req.options.run:  # a repeat too: a `run` client back after a restart re-ties it
             self.verbs.bind(peer, ids[0])
         return await self._committed(req, ids, repeated)
 

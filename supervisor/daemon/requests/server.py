@@ -74,7 +74,10 @@ def peer_of(sock: socket.socket, conn: int = 0) -> Peer:
 
 
 def probe_stale(path: Path) -> None:
-    """Remove a socket left by a dead daemon; refuse to steal one a live daemon serves."""
+    """Refuse to steal a socket a live daemon serves. A dead daemon's socket is left in
+    place, refusing, until the new one is bound over it: to a client, a socket that
+    refuses means a daemon that is coming back (docs/operations.md, "What a restart
+    means for clients")."""
     if not path.exists() and not path.is_symlink():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,7 +85,6 @@ def probe_stale(path: Path) -> None:
     try:
         probe.connect(str(path))
     except (ConnectionRefusedError, FileNotFoundError):
-        path.unlink(missing_ok=True)
         return
     except OSError as exc:
         raise AlreadyRunning(f"cannot probe existing socket {path}: {exc.strerror}") from None
@@ -125,9 +127,12 @@ def preflight(path: Path, group: str) -> None:
 
 
 async def bind(path: Path, mode: int, group: str) -> anyio.abc.SocketListener:
+    """Listen on `path`. The old daemon's socket, refusing until now, is replaced at the
+    bind itself: it is there, for clients to wait on, all through the start-up."""
     gid = socket_gid(group)
     path.parent.mkdir(parents=True, exist_ok=True)
     probe_stale(path)
+    path.unlink(missing_ok=True)
     old = os.umask(0o177)  # private from the bind on, until chmod opens it to the group
     try:
         listener = await anyio.create_unix_listener(path)
@@ -165,6 +170,9 @@ class Server:
         self.held = Connections(max_connections, max_per_user, kept)
         self.me = os.getpid()
         self.serial = 0
+        # Only a stop removes the socket: after a crash or a restart it stays, refusing,
+        # which tells waiting clients that a daemon is coming back.
+        self.remove_socket = False
         # Told of every admitted connection's end.
         self.on_close = on_close or _nothing
 
@@ -181,8 +189,9 @@ class Server:
                 task_status.started()
                 await self._accept_loop(listener, tg)
         finally:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+            if self.remove_socket:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
 
     async def _accept_loop(
         self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup
