@@ -19,32 +19,42 @@ import contextlib
 import functools
 import json
 import os
+import re
 import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.wire.framing import MAX_KEEPER_LINE as MAX_LINE
+from supervisor.wire.framing import encode as _line
+
 from . import spawn
 from .jobs import Jobs, Refused, Reply
 from .journal import Key, Record
+from .log import log_line as log_line  # re-exported: __main__ and tools log through it
 from .parked import Parked, Parking
 
-MAX_LINE = 1024 * 1024
 # What this keeper does beyond the first protocol. Keepers outlive an upgrade of gpusvd, so
 # a newer gpusvd may find an older keeper, and asks only for what that one announced.
-FEATURES = ["after", "after_waiting"]  # after_waiting: `after` may name a parked spawn
+# after_waiting: `after` may name a parked spawn; transient: a spawn error may say that
+# trying again may work (`"transient": true`); too_large_kept: a line over the limit is
+# answered and the connection kept.
+FEATURES = ["after", "after_waiting", "transient", "too_large_kept"]
 MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
 REAP_RETRY_S = 1.0
+ACCEPT_PAUSE_S = 1.0  # after accept() failed (EMFILE): the listener rests, the loop runs on
+PENDING_RETRY_S = 1.0  # journal lines kept in memory (a full disk) are written again
+_ID = re.compile(rb'\{"id":(\d{1,18})[,}]')  # a line's id, read before the line is whole
 
 
 class Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.inbox = b""
+        self.skipping = False  # inside a line over the limit: its bytes go unread
         self.outbox = b""
         self.closed = False
         self.writing = False  # registered for EVENT_WRITE: the outbox waits on the peer
@@ -62,6 +72,8 @@ class Server:
         self.parked = Parking()
         self.stopping = False
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
+        self.accept_paused_until = 0.0
+        self.terms = 0  # SIGTERMs seen and not yet logged
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
         listener.setblocking(False)
@@ -70,6 +82,11 @@ class Server:
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        # A stray signal costs no job: a hangup of the terminal that started us, a ^C,
+        # or a SIGTERM from a service manager. Only the daemon's `shutdown` ends a keeper.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_term)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self.sel.register(wake_r, selectors.EVENT_READ, lambda: self._sigchld(wake_r))
 
@@ -84,11 +101,36 @@ class Server:
                 self._guarded(self._reap)
             self._guarded(self._release)
             self._guarded(self._sync)
-            timeout = self.jobs.tick()
+            self._guarded(self._housekeeping)
+            timeout = self._guarded_tick()
+            soon = [t for t in (timeout,) if t is not None]
             if self.reap_due:  # the pass failed: try again soon, not only at the next child
-                timeout = REAP_RETRY_S if timeout is None else min(timeout, REAP_RETRY_S)
+                soon.append(REAP_RETRY_S)
+            if self.jobs.journal.pending:
+                soon.append(PENDING_RETRY_S)
+            if self.accept_paused_until:
+                soon.append(max(0.0, self.accept_paused_until - time.monotonic()))
+            timeout = min(soon) if soon else None
             if self.stopping:
                 timeout = 0.01
+
+    def _guarded_tick(self) -> float | None:
+        try:
+            return self.jobs.tick()
+        except Exception as exc:
+            self.log(f"internal error: {type(exc).__name__}: {exc}")
+            return REAP_RETRY_S
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.terms += 1  # logged from the loop: a signal handler writes nothing
+
+    def _housekeeping(self) -> None:
+        if self.terms:
+            self.terms = 0
+            self.log("SIGTERM ignored: jobs are kept and the keeper serves on")
+        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
+            self.accept_paused_until = 0.0
+            self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
 
     def _reap_soon(self) -> None:
         self.reap_due = True
@@ -116,7 +158,9 @@ class Server:
                 self._guarded(functools.partial(self._start_parked, parked))
 
     def _sync(self) -> None:
-        """Make the turn's records durable, then do what waited on them."""
+        """Make the turn's records durable, then do what waited on them. A disk that
+        refuses (full) does not hold them back: an exit kept in memory is reported all
+        the same (the journal writes it again at each turn until the disk takes it)."""
         self.jobs.journal.sync()
         waiting, self.jobs.after_sync = self.jobs.after_sync, []
         for action in waiting:
@@ -138,9 +182,19 @@ class Server:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:  # EMFILE and the like: the jobs matter more than a client
-            self.log(f"accept failed: {exc.strerror}")
-            time.sleep(0.05)
+            # The listener rests a while, off the selector: the loop serves the jobs and
+            # the connections it has, with no sleep, and the log gets a line a second.
+            self.log(f"accept failed: {exc.strerror}; not accepting for {ACCEPT_PAUSE_S:g}s")
+            self.sel.unregister(self.listener)
+            self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
             return
+        try:
+            self._admit(sock)
+        except OSError as exc:
+            self.log(f"a connection could not be set up: {exc.strerror}")
+            sock.close()
+
+    def _admit(self, sock: socket.socket) -> None:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.geteuid():
@@ -166,14 +220,30 @@ class Server:
         if not data:
             self._close(conn)
             return
+        if conn.skipping:  # the rest of a line over the limit: dropped up to its end
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            conn.skipping, data = False, data[end + 1 :]
         conn.inbox += data
         while not conn.closed and b"\n" in conn.inbox:
             line, conn.inbox = conn.inbox.split(b"\n", 1)
-            self._request(conn, line)
+            if len(line) > MAX_LINE:
+                self._too_large(conn, line)
+            else:
+                self._request(conn, line)
         if len(conn.inbox) > MAX_LINE:
-            self.log("a request line over 1 MiB: connection closed")
-            self._send(conn, {"id": None, "ok": False, "error": _err("too_large", "line too long")})
-            self._close(conn)
+            self._too_large(conn, conn.inbox)
+            conn.inbox, conn.skipping = b"", True
+
+    def _too_large(self, conn: Conn, head: bytes) -> None:
+        """A line over the limit is answered, by its id where its first bytes give one,
+        and skipped to its end: the connection, and every job it watches, goes on."""
+        found = _ID.match(head[:64])
+        rid = int(found[1]) if found else None
+        self.log(f"a request line over {MAX_LINE} bytes (id {rid}): refused")
+        message = f"request line over {MAX_LINE} bytes"
+        self._send(conn, {"id": rid, "ok": False, "error": _err("too_large", message)})
 
     def _send(self, conn: Conn, obj: dict[str, Any]) -> None:
         if conn.closed:
@@ -240,10 +310,14 @@ class Server:
                 raise spawn.BadRequest(f"unknown op {op!r}")
             handler(self, conn, msg, self._replier(conn, rid))
         except (ValueError, TypeError) as exc:  # JSONDecodeError and BadRequest included
-            self.log(f"bad request: {exc}")
+            self.log(f"bad request: {str(exc)[:200]}")
             self._send(conn, {"id": rid, "ok": False, "error": _err("bad_request", str(exc))})
         except Refused as exc:
-            self._send(conn, {"id": rid, "ok": False, "error": _err(exc.code, str(exc))})
+            self._send(conn, {"id": rid, "ok": False, "error": exc.error()})
+        except Exception as exc:  # whatever failed inside, the request gets an answer
+            self.log(f"internal error answering a request: {type(exc).__name__}: {exc}")
+            error = _err("internal", f"{type(exc).__name__}: {exc}")
+            self._send(conn, {"id": rid, "ok": False, "error": error})
 
     def _replier(self, conn: Conn, rid: object) -> Callable[[dict[str, Any]], None]:
         def reply(fields: dict[str, Any]) -> None:
@@ -263,7 +337,11 @@ class Server:
         try:
             self._start(parked.spec, parked.reply)
         except Refused as exc:  # answered as _request answers a spawn refused at once
-            parked.reply({"error": _err(exc.code, str(exc))})
+            parked.reply({"error": exc.error()})
+            self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
+        except Exception as exc:
+            self.log(f"internal error starting a parked spawn: {type(exc).__name__}: {exc}")
+            parked.reply({"error": _err("internal", f"{type(exc).__name__}: {exc}")})
             self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
 
     def _op_attach(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
@@ -277,7 +355,14 @@ class Server:
         # After this turn's sync: an exit recorded in this same turn is listed only once
         # it is on disk, as it would be reported. (A start needs only to be written.)
         self.jobs.after_sync.append(
-            lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json(), "features": FEATURES})
+            lambda: reply(
+                {
+                    "pid": os.getpid(),
+                    "jobs": self._jobs_json(),
+                    "features": FEATURES,
+                    "damaged": self.jobs.journal.damaged,
+                }
+            )
         )
 
     def _op_ping(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
@@ -308,7 +393,8 @@ class Server:
         if live is None:  # it could not start: answered once that is on disk
             return
         key = (spec.job, spec.attempt)
-        self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
+        if live.pidfd is not None:  # else SIGCHLD alone tells of its exit
+            self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
         if live.status_fd is not None:  # a gated fork: exec's outcome comes on this pipe
             self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
 
@@ -381,16 +467,3 @@ def _key(msg: dict[str, Any]) -> Key:
 
 def _err(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
-
-
-_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return _encode(obj).encode() + b"\n"
-
-
-def log_line(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    sys.stderr.write(f"{stamp} keeper[{os.getpid()}]: {message}\n")
-    sys.stderr.flush()
