@@ -18,34 +18,15 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from . import cgroup, direct, pidfds, spawn
+from .answers import Refused as Refused
+from .answers import Reply as Reply
+from .answers import spawn_error
 from .journal import Journal, Key, Record
 from .spawn import Spec, transient
 
-Reply = Callable[[dict[str, Any]], None]  # answers one request (ok fields or an error)
 KILL_POLL_S = 0.02
-
-
-class Refused(Exception):
-    """A request refused for a reason the caller can act on: (code, message); with
-    `transient`, one that may go through if tried again (a fork's EAGAIN, a full disk)."""
-
-    def __init__(self, code: str, message: str, *, transient: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.transient = transient
-
-    def error(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"code": self.code, "message": str(self)}
-        if self.transient:
-            out["transient"] = True
-        return out
-
-
-def spawn_error(message: str, is_transient: bool) -> dict[str, Any]:
-    return Refused("spawn", message, transient=is_transient).error()
 
 
 @dataclass
@@ -119,7 +100,7 @@ class Jobs:
             _remove_quietly(groups)
             if isinstance(exc, spawn.SetupFailed):
                 raise Refused("spawn", str(exc), transient=exc.transient) from None
-            raise Refused("spawn", _open_failure(exc), transient=transient(exc)) from None
+            raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
         record = Record(
             spec.job,
             spec.attempt,
@@ -140,7 +121,7 @@ class Jobs:
         # Written is enough (module docstring). Opened at once: until the child execs,
         # each page the keeper writes is copied for it. (Waiting here for the exec saved
         # no CPU that could be measured and held the loop: fewer jobs/s.)
-        _open_gate(forked.gate)
+        spawn.open_gate(forked.gate)
         return self._hold(record, forked.status, reply)
 
     def _hold(self, record: Record, status_fd: int | None, reply: Reply | None) -> Live:
@@ -170,7 +151,7 @@ class Jobs:
                 raise
         except OSError as exc:
             _remove_quietly(groups)
-            raise Refused("spawn", _open_failure(exc), transient=transient(exc)) from None
+            raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
         try:
             with home.oom_score_adj(spec.oom_score_adj):  # NotNow: the fork takes it over
                 record = Record(spec.job, spec.attempt, 0, 0, time.time(), *groups)
@@ -402,21 +383,6 @@ class Jobs:
         return record
 
 
-def _open_gate(gate: int) -> None:
-    try:
-        os.write(gate, spawn.GO)
-    except BrokenPipeError:
-        pass  # the child failed its setup and is gone: its exit says why
-    finally:
-        os.close(gate)
-
-
 def _remove_quietly(groups: cgroup.Groups) -> None:
     with contextlib.suppress(OSError):
         cgroup.remove(groups)
-
-
-def _open_failure(exc: OSError) -> str:
-    if exc.filename:
-        return f"cannot open {exc.filename}: {exc.strerror}"
-    return f"cannot start the job: {exc.strerror}"

@@ -19,19 +19,16 @@ import contextlib
 import functools
 import json
 import os
-import re
 import selectors
 import signal
 import socket
-import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.wire.framing import MAX_KEEPER_LINE as MAX_LINE
-from supervisor.wire.framing import encode as _line
-
 from . import spawn
+from .connections import Conn as Conn
+from .connections import Connections, err
 from .jobs import Jobs, Refused, Reply
 from .journal import Key, Record
 from .log import log_line as log_line  # re-exported: __main__ and tools log through it
@@ -43,22 +40,8 @@ from .parked import Parked, Parking
 # trying again may work (`"transient": true`); too_large_kept: a line over the limit is
 # answered and the connection kept.
 FEATURES = ["after", "after_waiting", "transient", "too_large_kept"]
-MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
 REAP_RETRY_S = 1.0
-ACCEPT_PAUSE_S = 1.0  # after accept() failed (EMFILE): the listener rests, the loop runs on
 PENDING_RETRY_S = 1.0  # journal lines kept in memory (a full disk) are written again
-_ID = re.compile(rb'\{"id":(\d{1,18})[,}]')  # a line's id, read before the line is whole
-
-
-class Conn:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.inbox = b""
-        self.skipping = False  # inside a line over the limit: its bytes go unread
-        self.outbox = b""
-        self.closed = False
-        self.writing = False  # registered for EVENT_WRITE: the outbox waits on the peer
-        self.ready: Callable[[], None] = lambda: None  # the selector's callback
 
 
 class Server:
@@ -68,16 +51,13 @@ class Server:
         self.log = log
         self.sel = selectors.DefaultSelector()
         self.attached: Conn | None = None
-        self.conns: set[Conn] = set()
+        self.net = Connections(self.sel, listener, log, self._request, self._closed)
         self.parked = Parking()
         self.stopping = False
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
-        self.accept_paused_until = 0.0
         self.terms = 0  # SIGTERMs seen and not yet logged
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
-        listener.setblocking(False)
-        self.sel.register(listener, selectors.EVENT_READ, self._accept)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -94,7 +74,7 @@ class Server:
 
     def serve(self) -> None:
         timeout = self.jobs.tick()
-        while not (self.stopping and not self._pending_output()):
+        while not (self.stopping and not self.net.pending_output()):
             for key, _ in self.sel.select(timeout):
                 self._guarded(key.data)
             if self.reap_due:
@@ -108,8 +88,8 @@ class Server:
                 soon.append(REAP_RETRY_S)
             if self.jobs.journal.pending:
                 soon.append(PENDING_RETRY_S)
-            if self.accept_paused_until:
-                soon.append(max(0.0, self.accept_paused_until - time.monotonic()))
+            if self.net.paused_until:
+                soon.append(max(0.0, self.net.paused_until - time.monotonic()))
             timeout = min(soon) if soon else None
             if self.stopping:
                 timeout = 0.01
@@ -128,9 +108,7 @@ class Server:
         if self.terms:
             self.terms = 0
             self.log("SIGTERM ignored: jobs are kept and the keeper serves on")
-        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until:
-            self.accept_paused_until = 0.0
-            self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
+        self.net.resume_accepting()
 
     def _reap_soon(self) -> None:
         self.reap_due = True
@@ -174,124 +152,17 @@ class Server:
             pass
         self.reap_due = True
 
-    # -- connections ------------------------------------------------------------------
-
-    def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # EMFILE and the like: the jobs matter more than a client
-            # The listener rests a while, off the selector: the loop serves the jobs and
-            # the connections it has, with no sleep, and the log gets a line a second.
-            self.log(f"accept failed: {exc.strerror}; not accepting for {ACCEPT_PAUSE_S:g}s")
-            self.sel.unregister(self.listener)
-            self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
-            return
-        try:
-            self._admit(sock)
-        except OSError as exc:
-            self.log(f"a connection could not be set up: {exc.strerror}")
-            sock.close()
-
-    def _admit(self, sock: socket.socket) -> None:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", creds)
-        if uid != os.geteuid():
-            self.log(f"refused a connection from uid {uid} (pid {pid})")
-            err = {"id": None, "ok": False, "error": _err("forbidden", "not the keeper's user")}
-            with contextlib.suppress(OSError):
-                sock.send(_line(err))
-            sock.close()
-            return
-        sock.setblocking(False)
-        conn = Conn(sock)
-        conn.ready = lambda: self._ready(conn)
-        self.conns.add(conn)
-        self.sel.register(sock, selectors.EVENT_READ, conn.ready)
-
-    def _read(self, conn: Conn) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-            return
-        if conn.skipping:  # the rest of a line over the limit: dropped up to its end
-            end = data.find(b"\n")
-            if end < 0:
-                return
-            conn.skipping, data = False, data[end + 1 :]
-        conn.inbox += data
-        while not conn.closed and b"\n" in conn.inbox:
-            line, conn.inbox = conn.inbox.split(b"\n", 1)
-            if len(line) > MAX_LINE:
-                self._too_large(conn, line)
-            else:
-                self._request(conn, line)
-        if len(conn.inbox) > MAX_LINE:
-            self._too_large(conn, conn.inbox)
-            conn.inbox, conn.skipping = b"", True
-
-    def _too_large(self, conn: Conn, head: bytes) -> None:
-        """A line over the limit is answered, by its id where its first bytes give one,
-        and skipped to its end: the connection, and every job it watches, goes on."""
-        found = _ID.match(head[:64])
-        rid = int(found[1]) if found else None
-        self.log(f"a request line over {MAX_LINE} bytes (id {rid}): refused")
-        message = f"request line over {MAX_LINE} bytes"
-        self._send(conn, {"id": rid, "ok": False, "error": _err("too_large", message)})
-
-    def _send(self, conn: Conn, obj: dict[str, Any]) -> None:
-        if conn.closed:
-            return
-        conn.outbox += _line(obj)
-        self._flush(conn)
-
-    def _flush(self, conn: Conn) -> None:
-        try:
-            while conn.outbox:
-                sent = conn.sock.send(conn.outbox)
-                conn.outbox = conn.outbox[sent:]
-        except (BlockingIOError, InterruptedError):
-            if len(conn.outbox) > MAX_OUTBOX:
-                self.log("a client reads nothing: connection closed")
-                self._close(conn)
-                return
-        except OSError:
-            self._close(conn)
-            return
-        if conn.writing != bool(conn.outbox):  # else the registration is right already
-            conn.writing = bool(conn.outbox)
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.writing else 0)
-            self.sel.modify(conn.sock, events, conn.ready)
-
-    def _ready(self, conn: Conn) -> None:
-        if conn.outbox:
-            self._flush(conn)
-        if not conn.closed:
-            self._read(conn)
-
-    def _close(self, conn: Conn) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self.conns.discard(conn)
+    def _closed(self, conn: Conn) -> None:
         if self.attached is conn:
             self.attached = None
         # Nobody is left to be told of these, and a daemon that attaches later takes an
         # attempt without a record for one that never started: it must never start.
         for key in self.parked.drop_conn(conn):
             self._never_started(key)
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(conn.sock)
-        conn.sock.close()
 
-    def _pending_output(self) -> bool:
-        return any(c.outbox for c in self.conns)
+    @property
+    def conns(self) -> set[Conn]:
+        return self.net.conns
 
     # -- requests ---------------------------------------------------------------------
 
@@ -311,24 +182,24 @@ class Server:
             handler(self, conn, msg, self._replier(conn, rid))
         except (ValueError, TypeError) as exc:  # JSONDecodeError and BadRequest included
             self.log(f"bad request: {str(exc)[:200]}")
-            self._send(conn, {"id": rid, "ok": False, "error": _err("bad_request", str(exc))})
+            self.net.send(conn, {"id": rid, "ok": False, "error": err("bad_request", str(exc))})
         except Refused as exc:
-            self._send(conn, {"id": rid, "ok": False, "error": exc.error()})
+            self.net.send(conn, {"id": rid, "ok": False, "error": exc.error()})
         except Exception as exc:  # whatever failed inside, the request gets an answer
             self.log(f"internal error answering a request: {type(exc).__name__}: {exc}")
-            error = _err("internal", f"{type(exc).__name__}: {exc}")
-            self._send(conn, {"id": rid, "ok": False, "error": error})
+            error = err("internal", f"{type(exc).__name__}: {exc}")
+            self.net.send(conn, {"id": rid, "ok": False, "error": error})
 
     def _replier(self, conn: Conn, rid: object) -> Callable[[dict[str, Any]], None]:
         def reply(fields: dict[str, Any]) -> None:
             ok = "error" not in fields
-            self._send(conn, {"id": rid, "ok": ok, **fields})
+            self.net.send(conn, {"id": rid, "ok": ok, **fields})
 
         return reply
 
     def _exited(self, record: Record) -> None:
         if self.attached is not None:
-            self._send(self.attached, {"event": "exit", "job": record.to_json()})
+            self.net.send(self.attached, {"event": "exit", "job": record.to_json()})
 
     def _never_started(self, key: Key) -> None:
         self.log(f"job {key[0]} attempt {key[1]}: its connection closed before it started")
@@ -341,7 +212,7 @@ class Server:
             self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
         except Exception as exc:
             self.log(f"internal error starting a parked spawn: {type(exc).__name__}: {exc}")
-            parked.reply({"error": _err("internal", f"{type(exc).__name__}: {exc}")})
+            parked.reply({"error": err("internal", f"{type(exc).__name__}: {exc}")})
             self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
 
     def _op_attach(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
@@ -350,7 +221,7 @@ class Server:
         new daemon's list shows it) or is never read at all."""
         for other in list(self.conns):
             if other is not conn:
-                self._close(other)
+                self.net.close(other)
         self.attached = conn
         # After this turn's sync: an exit recorded in this same turn is listed only once
         # it is on disk, as it would be reported. (A start needs only to be written.)
@@ -463,7 +334,3 @@ def _key(msg: dict[str, Any]) -> Key:
     if type(job) is not int or type(attempt) is not int:
         raise spawn.BadRequest("job and attempt: integers")
     return (job, attempt)
-
-
-def _err(code: str, message: str) -> dict[str, str]:
-    return {"code": code, "message": message}

@@ -362,3 +362,19 @@ def start_ticks(pid: int) -> int | None:
     finally:
         os.close(fd)
     return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+def open_gate(gate: int) -> None:
+    """Let the gated child run its command (its start is written)."""
+    try:
+        os.write(gate, GO)
+    except BrokenPipeError:
+        pass  # the child failed its setup and is gone: its exit says why
+    finally:
+        os.close(gate)
+
+
+def open_failure(exc: OSError) -> str:
+    if exc.filename:
+        return f"cannot open {exc.filename}: {exc.strerror}"
+    return f"cannot start the job: {exc.strerror}"
