@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from . import pidfds
+
 # Plain str paths: pathlib's objects cost more than the syscalls they name on the spawn
 # path. Functions called from outside (empty_out) still take a Path.
 
@@ -135,9 +137,12 @@ def kill_all(groups: Groups) -> None:
     """SIGKILL the whole job: cgroup.kill, else each process in cgroup.procs through a
     pidfd (pidfds.py), which the caller repeats until the group is empty."""
     if not kill_v2(groups):
-        from .pidfds import signal_groups  # pidfds reads groups through this module
-
         signal_groups(groups, signal.SIGKILL)
+
+
+def signal_groups(groups: Groups, sig: int) -> int:
+    """`sig` to every process of the job's cgroup, each through a pidfd (pidfds.py)."""
+    return pidfds.signal_listed(lambda: pids(groups), sig)
 
 
 def empty_out(path: str | Path, timeout_s: float = 5.0) -> bool:

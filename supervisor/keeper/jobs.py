@@ -293,9 +293,9 @@ class Jobs:
             pidfds.send(live.pidfd, sig)
             pidfds.signal_group_of(live.pidfd, record.pid, sig, unreaped=True)
         if groups.any:
-            pidfds.signal_groups(groups, sig)
-        elif live is not None and record.pid > 0:
-            pidfds.signal_tree(record.pid, sig)
+            cgroup.signal_groups(groups, sig)
+        elif live is not None and record.pid > 0:  # unreaped: its children are its own
+            pidfds.signal_started(cgroup.tree_pids(record.pid), sig)
 
     def _gone(self, record: Record) -> bool:
         groups = self.groups(record)

@@ -17,8 +17,6 @@ import select
 import signal
 from collections.abc import Callable, Iterable
 
-from . import cgroup
-
 
 def alive(pidfd: int) -> bool:
     """A pidfd polls readable once its process has exited."""
@@ -60,30 +58,26 @@ def send_checked(pids: Iterable[int], sig: int, still: Callable[[list[int]], set
             os.close(fd)
 
 
-def in_groups(groups: cgroup.Groups) -> Callable[[list[int]], set[int]]:
-    """Still listed in the job's cgroup: a pid read from it before its pidfd was opened
-    may have been reaped and reused meanwhile, by a process outside the job."""
-    return lambda _pids: set(cgroup.pids(groups))
+def in_list(listed: Callable[[], list[int]]) -> Callable[[list[int]], set[int]]:
+    """Still listed (in the job's cgroup): a pid read from it before its pidfd was
+    opened may have been reaped and reused meanwhile, by a process outside the job."""
+    return lambda _pids: set(listed())
 
 
 def same_start(ticks: dict[int, int | None]) -> Callable[[list[int]], set[int]]:
     """Still started at the tick read before its pidfd was opened: the same process."""
-    from .spawn import start_ticks
-
     return lambda pids: {p for p in pids if ticks.get(p) is not None and start_ticks(p) == ticks[p]}
 
 
-def signal_groups(groups: cgroup.Groups, sig: int) -> int:
-    """Every process of the job's cgroup; how many were signalled."""
-    return send_checked(cgroup.pids(groups), sig, in_groups(groups))
+def signal_listed(listed: Callable[[], list[int]], sig: int) -> int:
+    """Every process a list names (a cgroup's `cgroup.procs`), each only if the list
+    still names it once its pidfd is open; how many were signalled."""
+    return send_checked(listed(), sig, in_list(listed))
 
 
-def signal_tree(leader: int, sig: int) -> int:
-    """The leader's descendants, where there is no cgroup. Only for a leader the keeper
-    has not reaped: its pid, and so its children lists, are still its own."""
-    from .spawn import start_ticks
-
-    found = cgroup.tree_pids(leader)
+def signal_started(found: list[int], sig: int) -> int:
+    """Processes found some other way (a tree's children lists), each only if it still
+    started at the same tick once its pidfd is open."""
     ticks = {pid: start_ticks(pid) for pid in found}
     return send_checked(found, sig, same_start(ticks))
 
@@ -99,3 +93,19 @@ def signal_group_of(leader_fd: int, leader: int, sig: int, *, unreaped: bool = F
             os.killpg(leader, sig)
             return True
     return False
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot.
+    A pid with the same start is the same process (pids are reused, this is not)."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(data[data.rindex(b")") + 2 :].split()[19])

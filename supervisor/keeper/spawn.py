@@ -23,6 +23,7 @@ from typing import Any
 
 from . import cgroup
 from .journal import Key
+from .pidfds import start_ticks as start_ticks  # re-exported: the spawn path reads it
 
 GO = b"g"
 READY = b"\0"  # on the status pipe: the output files are open (no message starts so)
@@ -346,22 +347,6 @@ def _close_all_but(low: int, high: int) -> None:  # pragma: no cover - in the ch
     os.closerange(3, low)
     os.closerange(low + 1, high)
     os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
-
-
-def start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot.
-    A pid with the same start is the same process (pids are reused, this is not)."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return int(data[data.rindex(b")") + 2 :].split()[19])
 
 
 def open_gate(gate: int) -> None:

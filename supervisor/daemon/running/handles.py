@@ -17,10 +17,9 @@ import structlog
 from supervisor.core.jobs import ExitStatus
 from supervisor.daemon.running.keeper_link import CALL_DEADLINE_S
 from supervisor.keeper import pidfds
-from supervisor.keeper.cgroup import Groups
+from supervisor.keeper.cgroup import Groups, signal_groups
 from supervisor.keeper.client import Connection, KeeperError
 from supervisor.keeper.journal import Key, Record
-from supervisor.keeper.spawn import start_ticks
 
 if TYPE_CHECKING:
     from supervisor.daemon.running.keepers import Keeper
@@ -104,11 +103,9 @@ class KeptProcess:
         cgroup, or, without one, still started when the pid was read (pidfds.py)."""
         groups = Groups(self.record.cgroup or None, self.record.memcg or None)
         if groups.any:
-            pidfds.signal_groups(groups, sig)
-            return
-        found = self.pids_now()
-        ticks = {pid: start_ticks(pid) for pid in found}
-        pidfds.send_checked(found, sig, pidfds.same_start(ticks))
+            signal_groups(groups, sig)
+        else:
+            pidfds.signal_started(self.pids_now(), sig)
 
     def kill_tree(self, grace_s: float) -> None:
         """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
