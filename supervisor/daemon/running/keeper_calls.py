@@ -274,6 +274,7 @@ class Keeper:
                 return
             except (OSError, KeeperGone, KeeperError) as exc:
                 log.info("keeper not reached again yet", keeper=self.name, error=repr(exc))
+                self.wire.close()  # a connection made, its attach unanswered: not kept
             pause = backoff.next()
             if pause is None:
                 link.keeper_stuck(self.name, "connect", link.RECONNECT_S, still_waiting=False)
@@ -313,7 +314,9 @@ class Keeper:
 
     def _gone_for_good(self) -> None:
         self.gone = True
-        self._back = None
+        back, self._back = self._back, None
+        if back is not None:  # calls that waited for a new connection fail now
+            back.set()
         if self._on_gone is not None:
             self._on_gone.set()
         for done, _ in self._replies.values():
