@@ -127,3 +127,29 @@ def test_which_refusals_may_pass() -> None:
     assert _passing(KeeperError("start", "keeper exited 1"))
     assert not _passing(KeeperError("spawn", "executable not found: x"))
     assert not _passing(KeeperError("too_large", "a spawn of 2000000 bytes"))
+
+
+async def test_calls_that_wait_for_a_new_connection_fail_once_the_keeper_is_found_gone() -> None:
+    """The connection closes while the keeper lives: calls wait for the new one. The
+    keeper then dies before it could be reached: they fail at once, and its jobs'
+    watchers learn that their keeper is lost."""
+    proc = await asyncio.create_subprocess_exec("sleep", "300")
+    keeper, _ = _keeper()  # its socket does not exist: every new connection fails
+    keeper.pidfd = os.pidfd_open(proc.pid)
+    try:
+        watcher = asyncio.ensure_future(keeper.ended((1, 1)))
+        await asyncio.sleep(0)
+        keeper.wire.connection_lost(None)
+        assert not keeper.gone and keeper._back is not None
+        waiting = asyncio.ensure_future(keeper.call("ping"))
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and not watcher.done()  # a live keeper: jobs kept
+        proc.kill()
+        await proc.wait()
+        with pytest.raises(keepers.KeeperGone):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(keepers.KeeperGone):
+            await asyncio.wait_for(watcher, 5)
+        assert keeper.gone
+    finally:
+        os.close(keeper.pidfd)
