@@ -8,6 +8,11 @@ synced, an acknowledgement answered only after the record is gone from the journ
 disk. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
 needs only that attempt's exit written (`ended`), not synced: what starts on the freed
 slot does not wait for the disk, and no one is told of the exit before it is synced.
+A disk that refuses (full) changes one thing: the sync does not hold the turn's answers
+back for ever; an exit the journal keeps in memory is reported all the same, and is
+written once the disk has room (journal.py), because an exit nobody hears of holds its
+card until a restart, and one reported but lost to a crash is only `lost` to the next
+keeper, after the daemon has committed it.
 """
 
 from __future__ import annotations
