@@ -31,7 +31,11 @@ class FailureReason(StrEnum):
     OOM_KILLED = "oom_killed"
     GPU_HANG = "gpu_hang"
     INTERRUPTED = "interrupted"
-    SPAWN_FAILED = "spawn_failed"
+    SPAWN_FAILED = "spawn_failed"  # a start that can never succeed: not retried
+    # A start that failed for a passing cause (the host short of processes, memory,
+    # descriptors or disk; its keeper reconnecting): retried, ordinary budget. A job
+    # whose budget such failures spend ends `spawn_failed`.
+    SPAWN_RETRY = "spawn_retry"
     CANCELLED = "cancelled"
     DEPENDENCY_FAILED = "dependency_failed"
     TIMEOUT = "timeout"  # ran past its --time wall-time limit

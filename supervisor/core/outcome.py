@@ -25,6 +25,7 @@ class Facts:
     hang: dict[str, Any] | None = None  # a reset or hang of its card, near its end
     oom: str | None = None  # where OOM-kill evidence came from
     spawn_error: str | None = None
+    spawn_transient: bool = False  # the spawn error may pass: retried (spawn_retry)
     peak_rss_mb: int | None = None
     peak_vram_mb: int | None = None  # the most VRAM its processes held, where the backend tells
     machine: dict[str, Any] | None = None  # readings for a hang record, taken when seen
@@ -47,6 +48,8 @@ def failure(f: Facts) -> tuple[FailureReason | None, dict[str, Any] | None]:
         return FailureReason.CANCELLED, None
     if f.status is None:
         if f.spawn_error is not None:
+            if f.spawn_transient:
+                return FailureReason.SPAWN_RETRY, {"message": f.spawn_error}
             return FailureReason.SPAWN_FAILED, {"message": f.spawn_error}
         return f.killed_for or FailureReason.INTERRUPTED, f.kill_evidence
     if f.killed_for is not None:
@@ -109,6 +112,8 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
         gpu_hang_budget=job.spec.gpu_hang_retries,
     )
     if isinstance(action, retry.Fail):
+        if reason is FailureReason.SPAWN_RETRY:  # tried as often as it may: for good now
+            reason = FailureReason.SPAWN_FAILED
         failed = transition(job, JobState.FAILED, at, reason, exit_code=code)
         return Outcome(failed, closed, (*events,))
     if action.charge is None:

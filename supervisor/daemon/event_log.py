@@ -31,7 +31,7 @@ PER_COMMIT = 10  # event lines per commit; a big batch gets one line more
 DEFAULT_PER_S = 20
 WINDOW_S = 1.0
 _ROUTINE = frozenset({"submitted", "queue_wait", "started"})
-_MACHINE_REASONS = frozenset({"oom_killed", "spawn_failed"})
+_MACHINE_REASONS = frozenset({"oom_killed", "spawn_failed", "spawn_retry"})
 
 
 def routine(kind: str, job: Job | None) -> bool:

@@ -21,7 +21,8 @@ from .cgroup import Roots
 from .direct import Home
 from .jobs import Jobs
 from .journal import Journal
-from .server import Server, log_line
+from .log import log_line
+from .server import Server
 from .takeover import take_over
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     roots = Roots(*(None if root is None else str(root) for root in (args.cgroup2, args.memcg)))
     if not become_subreaper():
         log_line("cannot become a child subreaper: orphans of jobs go to init")
-    jobs = Jobs(Journal(home / "journal"), roots, log_line)
+    jobs = Jobs(Journal(home / "journal", log=log_line), roots, log_line)
     take_over(jobs)
     listener = _listen(home / "sock")
     if args.detach and os.fork() != 0:

@@ -13,7 +13,6 @@ once in its log.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -21,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+from . import pidfds
 
 # Plain str paths: pathlib's objects cost more than the syscalls they name on the spawn
 # path. Functions called from outside (empty_out) still take a Path.
@@ -53,9 +54,15 @@ def name(job: int, attempt: int) -> str:
 _v2_memory: dict[str, bool] = {}
 
 
+class Busy(Exception):
+    """A job's cgroup exists and still holds processes (a start whose keeper died before
+    the command could run): they are being killed; the start may be tried again."""
+
+
 def make(roots: Roots, job: int, attempt: int, warn: Callable[[str], None]) -> Groups:
     """The job's cgroups, empty, not yet configured. A directory that exists already is
-    left from a start whose keeper died before the command could run: what is in it dies."""
+    left from a start whose keeper died before the command could run: what is in it is
+    killed, and while anything is left the start is refused (Busy), not waited for."""
     v2 = None if roots.v2 is None else _make(f"{roots.v2}/{name(job, attempt)}", warn)
     memcg = None if roots.memcg is None else _make(f"{roots.memcg}/{name(job, attempt)}", warn)
     return Groups(v2, memcg)
@@ -65,9 +72,9 @@ def _make(path: str, warn: Callable[[str], None]) -> str | None:
     try:
         os.mkdir(path)
     except FileExistsError:
-        if not empty_out(path):
-            warn(f"cgroup {path} cannot be emptied; this job runs without it")
-            return None
+        if pids(Groups(v2=path)):
+            kill_all(Groups(v2=path))
+            raise Busy(f"cannot start the job yet: cgroup {path} still holds processes") from None
     except OSError as exc:
         warn(f"cannot make cgroup {path}: {exc.strerror}; jobs run without it")
         return None
@@ -114,25 +121,28 @@ def pids(groups: Groups) -> list[int]:
     return []
 
 
-def signal_all(groups: Groups, sig: int) -> int:
-    """Send `sig` to every process of the job; how many there were."""
-    found = pids(groups)
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-    return len(found)
+def kill_v2(groups: Groups) -> bool:
+    """v2's cgroup.kill: the whole job at once, atomic against forks; False where there
+    is none (no v2 group, or before Linux 5.14)."""
+    if groups.v2 is None:
+        return False
+    try:
+        _write(f"{groups.v2}/cgroup.kill", "1")
+    except OSError:
+        return False
+    return True
 
 
 def kill_all(groups: Groups) -> None:
-    """SIGKILL the whole job: v2's cgroup.kill is atomic against forks; otherwise each
-    process in cgroup.procs, which the caller repeats until the group is empty."""
-    if groups.v2 is not None:
-        try:
-            _write(f"{groups.v2}/cgroup.kill", "1")
-            return
-        except OSError:
-            pass  # before Linux 5.14: one process at a time
-    signal_all(groups, signal.SIGKILL)
+    """SIGKILL the whole job: cgroup.kill, else each process in cgroup.procs through a
+    pidfd (pidfds.py), which the caller repeats until the group is empty."""
+    if not kill_v2(groups):
+        signal_groups(groups, signal.SIGKILL)
+
+
+def signal_groups(groups: Groups, sig: int) -> int:
+    """`sig` to every process of the job's cgroup, each through a pidfd (pidfds.py)."""
+    return pidfds.signal_listed(lambda: pids(groups), sig)
 
 
 def empty_out(path: str | Path, timeout_s: float = 5.0) -> bool:

@@ -15,14 +15,26 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from supervisor.wire.framing import encode
+
 EXIT_HELD = 3  # another keeper holds the directory: it serves
 
 
 class KeeperError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """A keeper's typed error; `transient`: trying again may work (a spawn's EAGAIN)."""
+
+    def __init__(self, code: str, message: str, *, transient: bool = False) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.transient = transient
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> KeeperError:
+        """From an answer that is not ok."""
+        error = answer.get("error") or {}
+        code, message = str(error.get("code", "?")), str(error.get("message", ""))
+        return cls(code, message, transient=error.get("transient") is True)
 
 
 def launch_argv(
@@ -91,8 +103,7 @@ class Connection:
         """Send one request and wait for its reply; raise KeeperError on an error."""
         answer = self.reply(self.send(op, **fields))
         if not answer.get("ok"):
-            error = answer.get("error") or {}
-            raise KeeperError(error.get("code", "?"), error.get("message", ""))
+            raise KeeperError.of(answer)
         return answer
 
     def event(self) -> dict[str, Any]:
@@ -109,8 +120,7 @@ class Connection:
         self.close()
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+_line = encode  # the wire's one encoding, on every hop
 
 
 def pid_of(home: Path) -> int | None:

@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Iterator
 
 from . import cgroup
-from .spawn import Spec, why
+from .spawn import JOB_DEFAULTS, Spec, transient, why
 
-# Python ignores SIGPIPE and SIGXFSZ, and ignored signals stay ignored across exec; the
-# keeper's own handlers (SIGCHLD, SIGTERM) are reset by exec anyway.
-_DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM)
+# Python ignores SIGPIPE and SIGXFSZ, the keeper SIGHUP and SIGINT, and ignored signals
+# stay ignored across exec; the keeper's own handlers (SIGCHLD, SIGTERM) are reset by
+# exec anyway.
+_DEFAULTS = JOB_DEFAULTS
 PROBE_PREFIX = "probe-"  # the cgroup a keeper tries, at its start, to join and leave
 _NO_JOIN = "cannot start the job: cannot join its cgroup: {}"
 
@@ -47,9 +47,10 @@ class Failed(Exception):
     """Nothing of the command ran; the reason, as a gated child would have told it. With
     `stderr`, a line for the job's stderr as well."""
 
-    def __init__(self, message: str, stderr: str = "") -> None:
+    def __init__(self, message: str, stderr: str = "", *, passing: bool = False) -> None:
         super().__init__(message)
         self.stderr = stderr
+        self.transient = passing  # a passing cause (EAGAIN, ENOMEM...): may be tried again
 
 
 class Home:
@@ -62,6 +63,7 @@ class Home:
         self.adj_fd = adj_fd
         self.adj = self.current = adj
         self.broken = ""  # why this keeper must fork again, once something went wrong
+        self.posix_spawn = os.posix_spawn  # a seam for a spawn that fails (EAGAIN)
 
     @classmethod
     def probe(cls, roots: cgroup.Roots) -> tuple[Home | None, str]:
@@ -130,7 +132,7 @@ class Home:
                 ) from None
             try:
                 exe = _executable(spec)  # in the job's directory: PATH may be relative
-                return os.posix_spawn(
+                return self.posix_spawn(
                     exe,
                     list(spec.argv),
                     spec.env,
@@ -144,7 +146,7 @@ class Home:
                     setsigmask=(),
                 )
             except OSError as exc:
-                raise Failed(why("exec", spec.argv[0], exc)) from None
+                raise Failed(why("exec", spec.argv[0], exc), passing=transient(exc)) from None
             finally:
                 os.fchdir(self.cwd)
 
@@ -153,15 +155,13 @@ class Home:
         try:
             joins = cgroup.join_fds(groups)
         except OSError as exc:
-            raise Failed(f"cannot start the job: cannot join its cgroup: {exc.strerror}") from None
+            raise Failed(_NO_JOIN.format(exc.strerror), passing=transient(exc)) from None
         try:
             try:
                 for fd in joins:
                     os.write(fd, b"0")
             except OSError as exc:
-                raise Failed(
-                    f"cannot start the job: cannot join its cgroup: {exc.strerror}"
-                ) from None
+                raise Failed(_NO_JOIN.format(exc.strerror), passing=True) from None
             yield
         finally:
             for fd in joins:

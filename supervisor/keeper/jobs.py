@@ -8,6 +8,11 @@ synced, an acknowledgement answered only after the record is gone from the journ
 disk. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
 needs only that attempt's exit written (`ended`), not synced: what starts on the freed
 slot does not wait for the disk, and no one is told of the exit before it is synced.
+A disk that refuses (full) changes one thing: the sync does not hold the turn's answers
+back for ever; an exit the journal keeps in memory is reported all the same, and is
+written once the disk has room (journal.py), because an exit nobody hears of holds its
+card until a restart, and one reported but lost to a crash is only `lost` to the next
+keeper, after the daemon has committed it.
 """
 
 from __future__ import annotations
@@ -18,32 +23,27 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from . import cgroup, direct, spawn
+from . import cgroup, direct, pidfds, spawn
+from .answers import Refused as Refused
+from .answers import Reply as Reply
+from .answers import spawn_error
 from .journal import Journal, Key, Record
-from .spawn import Spec
+from .spawn import Spec, transient
 
-Reply = Callable[[dict[str, Any]], None]  # answers one request (ok fields or an error)
 KILL_POLL_S = 0.02
-
-
-class Refused(Exception):
-    """A request refused for a reason the caller can act on: (code, message)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
 class Live:
-    """What the keeper holds for a started job while its leader runs."""
+    """What the keeper holds for a started job while its leader runs (its own child,
+    not reaped yet: the pid is the job's until the keeper reaps it)."""
 
-    pidfd: int
+    pidfd: int | None  # None: it could not be opened (EMFILE); SIGCHLD still reaps it
     status_fd: int | None  # until exec's outcome is known
     spawn_reply: Reply | None
     error: str = ""
+    transient: bool = False  # the error is a passing one (the status pipe said so)
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Jobs:
         self.unwatch: Callable[[int], None] = lambda fd: None  # before a watched fd closes
         self._warned: set[str] = set()
         self.direct: direct.Home | None = None  # where jobs may start with posix_spawn
+        self.fork = spawn.fork  # the gated fork: a seam for a fork that fails
 
     def warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -84,22 +85,27 @@ class Jobs:
 
     def spawn(self, spec: spawn.Spec, reply: Reply) -> Live | None:
         """The job started, or None when it could not be (answered once that is on disk);
-        Refused when it was refused with nothing recorded."""
+        Refused when it was refused with nothing recorded (`transient` where trying
+        again may work)."""
         key = (spec.job, spec.attempt)
         self.refuse_started(key)
-        groups = cgroup.make(self.roots, spec.job, spec.attempt, self.warn_once)
+        try:
+            groups = cgroup.make(self.roots, spec.job, spec.attempt, self.warn_once)
+        except cgroup.Busy as exc:
+            raise Refused("spawn", str(exc), transient=True) from None
         if not groups.any:
             self.warn_once("no cgroup for jobs: their processes are found through the tree")
         if self.direct is not None and spec.uid is None and groups.any:
             with contextlib.suppress(direct.NotNow):
                 return self._spawn_direct(self.direct, spec, groups, reply)
-        cgroup.configure(groups, spec.mem_max)
         try:
-            forked = spawn.fork(spec, groups)
+            cgroup.configure(groups, spec.mem_max)
+            forked = self.fork(spec, groups)
         except (OSError, spawn.SetupFailed) as exc:  # nothing ran; the cgroups are unused
-            cgroup.remove(groups)
-            message = str(exc) if isinstance(exc, spawn.SetupFailed) else _open_failure(exc)
-            raise Refused("spawn", message) from None
+            _remove_quietly(groups)
+            if isinstance(exc, spawn.SetupFailed):
+                raise Refused("spawn", str(exc), transient=exc.transient) from None
+            raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
         record = Record(
             spec.job,
             spec.attempt,
@@ -115,13 +121,24 @@ class Jobs:
             os.close(forked.gate)
             os.close(forked.status)
             self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
-            raise Refused("spawn", f"cannot record the start: {exc.strerror}") from None
+            message = f"cannot record the start: {exc.strerror}"
+            raise Refused("spawn", message, transient=True) from None
         # Written is enough (module docstring). Opened at once: until the child execs,
         # each page the keeper writes is copied for it. (Waiting here for the exec saved
         # no CPU that could be measured and held the loop: fewer jobs/s.)
-        _open_gate(forked.gate)
-        live = Live(os.pidfd_open(forked.pid), forked.status, reply)
-        self.live[key] = live
+        spawn.open_gate(forked.gate)
+        return self._hold(record, forked.status, reply)
+
+    def _hold(self, record: Record, status_fd: int | None, reply: Reply | None) -> Live:
+        """A started job into the live table, whatever fails: without a pidfd (EMFILE)
+        it is still reaped through SIGCHLD, and signalled through its cgroup."""
+        try:
+            pidfd: int | None = os.pidfd_open(record.pid)
+        except OSError as exc:
+            pidfd = None
+            self.log(f"job {record.job} attempt {record.attempt}: no pidfd: {exc.strerror}")
+        live = Live(pidfd, status_fd, reply)
+        self.live[record.key] = live
         return live
 
     def _spawn_direct(
@@ -138,23 +155,24 @@ class Jobs:
                 os.close(out)
                 raise
         except OSError as exc:
-            cgroup.remove(groups)
-            raise Refused("spawn", _open_failure(exc)) from None
+            _remove_quietly(groups)
+            raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
         try:
             with home.oom_score_adj(spec.oom_score_adj):  # NotNow: the fork takes it over
                 record = Record(spec.job, spec.attempt, 0, 0, time.time(), *groups)
                 try:
                     self.journal.append("start", record)
                 except OSError as exc:
-                    cgroup.remove(groups)
+                    _remove_quietly(groups)
                     self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
-                    raise Refused("spawn", f"cannot record the start: {exc.strerror}") from None
+                    message = f"cannot record the start: {exc.strerror}"
+                    raise Refused("spawn", message, transient=True) from None
                 pid = home.start(spec, groups, out, err, spawn.devnull())
         except direct.Failed as exc:
             if exc.stderr:
                 with contextlib.suppress(OSError):
                     os.write(err, exc.stderr.encode(errors="replace"))
-            self._never_ran(record, str(exc), reply)
+            self._never_ran(record, str(exc), reply, exc.transient)
             return None
         finally:
             os.close(out)
@@ -163,18 +181,17 @@ class Jobs:
         if home.broken:
             self.log(f"jobs start by fork from now on: {home.broken}")
             self.direct = None
-        cgroup.configure(groups, spec.mem_max)  # once the keeper is out of the job's cgroup
-        try:
-            self.journal.append("pid", record, pid=pid, start_ticks=spawn.start_ticks(pid) or 0)
-        except OSError as exc:  # the job runs; a successor would find it by its cgroup
-            record.pid = pid
-            self.log(f"job {spec.job} attempt {spec.attempt}: pid {pid} not recorded: {exc}")
-        live = Live(os.pidfd_open(pid), None, None)
-        self.live[(spec.job, spec.attempt)] = live
+        # From here the job runs: nothing may keep it out of the live table.
+        self.journal.append("pid", record, pid=pid, start_ticks=spawn.start_ticks(pid) or 0)
+        live = self._hold(record, None, None)
+        try:  # once the keeper is out of the job's cgroup
+            cgroup.configure(groups, spec.mem_max)
+        except OSError as exc:
+            self.log(f"job {spec.job} attempt {spec.attempt}: memory limit not set: {exc}")
         reply({"job": record.to_json()})
         return live
 
-    def _never_ran(self, record: Record, error: str, reply: Reply) -> None:
+    def _never_ran(self, record: Record, error: str, reply: Reply, passing: bool) -> None:
         """The record of a start whose command could not run, ended as a gated child's
         exit 127 would have ended it; answered once that end is on disk."""
         self.journal.append(
@@ -188,7 +205,7 @@ class Jobs:
             oom_kills=None,
             leftovers=0,
         )
-        self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
+        self.after_sync.append(lambda: reply({"error": spawn_error(error, passing)}))
         self.after_sync.append(lambda: self.on_exit(record))
         self.ended.append(record)
 
@@ -201,7 +218,8 @@ class Jobs:
         os.close(live.status_fd)
         live.status_fd = None
         if data:  # answered once the child's exit is on disk: _ended()
-            live.error = data.decode(errors="replace")
+            live.transient = data.startswith(spawn.TRANSIENT)
+            live.error = data.removeprefix(spawn.TRANSIENT).decode(errors="replace")
         elif live.spawn_reply is not None:
             live.spawn_reply({"job": self.journal.records[key].to_json()})
             live.spawn_reply = None
@@ -229,9 +247,10 @@ class Jobs:
         record, live = self.journal.records[key], self.live[key]
         if live.status_fd is not None:
             self.exec_outcome(key)  # the pipe is closed or holds the reason by now
-        self.unwatch(live.pidfd)
-        os.close(live.pidfd)
         del self.live[key]
+        if live.pidfd is not None:
+            self.unwatch(live.pidfd)
+            os.close(live.pidfd)
         groups = self.groups(record)
         peak, oom = cgroup.memory(groups)
         self.journal.append(
@@ -246,9 +265,9 @@ class Jobs:
             oom_kills=oom,
             leftovers=len(cgroup.pids(groups) if groups.any else self._escapees(record)),
         )
-        reply, error = live.spawn_reply, live.error
+        reply, error, passing = live.spawn_reply, live.error, live.transient
         if reply is not None and error:
-            self.after_sync.append(lambda: reply({"error": {"code": "spawn", "message": error}}))
+            self.after_sync.append(lambda: reply({"error": spawn_error(error, passing)}))
         self.after_sync.append(lambda: self.on_exit(record))
         self.ended.append(record)
 
@@ -271,16 +290,21 @@ class Jobs:
         self.tick()
 
     def send(self, record: Record, sig: int) -> None:
-        groups = self.groups(record)
+        """`sig` to every process of the job, each through a pidfd (pidfds.py): the
+        leader's group only while the keeper holds the leader unreaped, the rest from
+        its cgroup, or, without one, from the unreaped leader's tree and the job's
+        processes re-parented to the keeper."""
+        groups, live = self.groups(record), self.live.get(record.key)
         # Listed before the first signal: a child whose parent it kills is re-parented
         # to us, out of the tree, before a later look could find it there.
-        pids = cgroup.pids(groups) if groups.any else self._tree(record)
-        if not record.ended:  # the session id is the leader's pid only while it lives
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(record.pid, sig)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+        pids = [] if groups.any else [p for p in self._tree(record) if p != record.pid]
+        if live is not None and live.pidfd is not None and record.pid > 0:
+            pidfds.send(live.pidfd, sig)
+            pidfds.signal_group_of(live.pidfd, record.pid, sig, unreaped=True)
+        if groups.any:
+            cgroup.signal_groups(groups, sig)
+        elif pids:
+            pidfds.signal_started(pids, sig)
 
     def _gone(self, record: Record) -> bool:
         groups = self.groups(record)
@@ -290,7 +314,8 @@ class Jobs:
 
     def _tree(self, record: Record) -> list[int]:
         """Without a cgroup: the leader's descendants while it lives, and the escapees."""
-        tree = [] if record.ended else cgroup.tree_pids(record.pid)
+        unreaped = record.key in self.live and record.pid > 0 and not record.ended
+        tree = cgroup.tree_pids(record.pid) if unreaped else []  # a reaped pid may be another's
         return tree + [p for p in self._escapees(record) if p not in tree]
 
     @staticmethod
@@ -333,9 +358,12 @@ class Jobs:
         self.after_sync.append(lambda: reply({}))
         self.removing[key] = self.groups(record)
 
-    @staticmethod
-    def _remove(groups: cgroup.Groups) -> bool:
-        if cgroup.remove(groups):  # an empty cgroup goes at once, without a look inside
+    def _remove(self, groups: cgroup.Groups) -> bool:
+        try:
+            if cgroup.remove(groups):  # an empty cgroup goes at once, without a look inside
+                return True
+        except OSError as exc:  # not EBUSY: nothing to wait for, said once
+            self.warn_once(f"cannot remove cgroup {groups}: {exc.strerror}")
             return True
         cgroup.kill_all(groups)  # the attempt is over: nothing of it may run on
         return False
@@ -347,7 +375,7 @@ class Jobs:
         groups = self.groups(record)
         if groups.any:
             return cgroup.pids(groups)
-        alive = not record.ended and spawn.start_ticks(record.pid) == record.start_ticks
+        alive = key in self.live and record.pid > 0 and not record.ended
         tree = [record.pid] if alive else []
         return tree + [p for p in self._tree(record) if p not in tree]
 
@@ -376,16 +404,6 @@ class Jobs:
         return record
 
 
-def _open_gate(gate: int) -> None:
-    try:
-        os.write(gate, spawn.GO)
-    except BrokenPipeError:
-        pass  # the child failed its setup and is gone: its exit says why
-    finally:
-        os.close(gate)
-
-
-def _open_failure(exc: OSError) -> str:
-    if exc.filename:
-        return f"cannot open {exc.filename}: {exc.strerror}"
-    return f"cannot start the job: {exc.strerror}"
+def _remove_quietly(groups: cgroup.Groups) -> None:
+    with contextlib.suppress(OSError):
+        cgroup.remove(groups)

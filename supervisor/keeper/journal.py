@@ -1,27 +1,41 @@
-"""The keeper's durable records: one JSON line per start, exit and acknowledgement.
+"""The keeper's durable records: one line per start, exit and acknowledgement.
 
 A start line only has to be written (in the page cache) before its job's command may
 run: that survives a crash of the keeper or of gpusvd, and a power loss that takes the
 line also takes the process it describes (recovery calls an attempt without a record
 `interrupted`, which is then true). Exit and acknowledgement lines must be on disk
 before anyone is told: every such line written in one turn of the keeper's loop reaches
-the disk with one fdatasync, which carries the turn's start lines along. A line is
-written whole or not at all (a failed write is cut off again); one cut short by a crash
-mid-write is the last one and nothing depended on it, so it is skipped at replay. When
-acknowledged records dominate the file, it is rewritten with only the live ones (write,
-fsync, rename, fsync the directory).
+the disk with one fdatasync, which carries the turn's start lines along.
+
+Each line is `#<length> <crc32> <json>`: replay tells a torn last line (a crash
+mid-write, nothing depended on it: cut quietly) from damage in the middle (a line whose
+length or checksum is wrong: reported, kept count of, and the record it belongs to
+flagged `damaged`, never silently taken for one that never ended). Lines of the older
+format (bare JSON) are read as before, so a journal from before an upgrade replays.
+
+A line is written whole or not at all (a failed write is cut off again). An exit or an
+acknowledgement that cannot be written (a full disk) is kept in memory, in order, and
+written again at each sync until it goes through; a start that cannot be written is
+refused (its job never runs). When acknowledged records dominate the file, it is
+rewritten with only the live ones (write, fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 Key = tuple[int, int]  # (job id, attempt number)
-_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
+# The wire's own encoding (supervisor.wire.framing): compact, UTF-8 as it is.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_HEADER = re.compile(rb"#(\d{1,9}) ([0-9a-f]{8}) ")
+_KEY = re.compile(rb'"job":(\d+),"attempt":(\d+)')
 
 
 @dataclass
@@ -45,6 +59,7 @@ class Record:
     peak_bytes: int | None = None
     oom_kills: int | None = None
     leftovers: int = 0  # processes of the job still alive when its leader ended
+    damaged: bool = False  # a journal line of it could not be read at replay
 
     @property
     def key(self) -> Key:
@@ -65,14 +80,46 @@ def record_from(entry: dict[str, Any]) -> Record:
     return Record(**{k: v for k, v in entry.items() if k in _FIELDS})
 
 
-class Journal:
-    """Append-only JSON lines in `path`; `records` is what replaying them gives."""
+def frame(entry: dict[str, Any]) -> bytes:
+    """One journal line: its length and checksum, then the JSON."""
+    body = _encode(entry).encode("utf-8", "backslashreplace")
+    return b"#%d %08x " % (len(body), zlib.crc32(body)) + body + b"\n"
 
-    def __init__(self, path: Path, *, compact_after: int = 2000) -> None:
+
+def unframe(raw: bytes) -> dict[str, Any]:
+    """A line's entry; ValueError when it is not whole or not what was written."""
+    if raw.startswith(b"{"):  # the format before checksums
+        entry = json.loads(raw)
+    else:
+        head = _HEADER.match(raw)
+        if head is None:
+            raise ValueError("no header")
+        body = raw[head.end() :]
+        if len(body) != int(head[1]) or zlib.crc32(body) != int(head[2], 16):
+            raise ValueError("length or checksum does not match")
+        entry = json.loads(body)
+    if not isinstance(entry, dict):
+        raise ValueError("not an object")
+    return entry
+
+
+class Journal:
+    """Append-only lines in `path`; `records` is what replaying them gives."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        compact_after: int = 2000,
+        log: Callable[[str], None] = lambda message: None,
+    ) -> None:
         self.path = path
         self.compact_after = compact_after
+        self.log = log
         self.records: dict[Key, Record] = {}
         self.lines = 0
+        self.damaged: list[str] = []  # what replay could not read, said at each attach
+        self.pending: list[bytes] = []  # lines written to memory only: the disk refused
         self._replay()
         created = not path.exists()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -80,6 +127,7 @@ class Journal:
             fsync_dir(path.parent)
         self._size = os.fstat(self._fd).st_size
         self._dirty = False
+        self._cut = False  # a failed write could not be cut off: start the next line anew
 
     def _replay(self) -> None:
         try:
@@ -88,14 +136,31 @@ class Journal:
             return
         end = data.rfind(b"\n") + 1
         if end < len(data):  # cut the torn tail, or the next line would be glued to it
+            self.log(f"journal: a torn last line ({len(data) - end} bytes) cut off")
             os.truncate(self.path, end)
-        for raw in data[:end].split(b"\n"):
+        raws = data[:end].split(b"\n")[:-1]
+        for n, raw in enumerate(raws, 1):
             try:
-                entry = json.loads(raw)
-                self._apply(entry)
-            except (ValueError, TypeError, KeyError):
-                continue  # a torn last line, never synced: nothing depended on it
+                self._apply(unframe(raw))
+            except (ValueError, TypeError, KeyError) as exc:
+                if n == len(raws) and raw.strip(b"\0 ") == b"":
+                    continue  # a last line of zeros: a crash left the length, not the data
+                self._damage(n, raw, exc)
+                continue
             self.lines += 1
+
+    def _damage(self, n: int, raw: bytes, exc: Exception) -> None:
+        """A line in the middle that cannot be read: said loudly, and the record it seems
+        to belong to (or, when it names none, every record not ended yet) is flagged, so
+        that an exit it held is never taken silently for a job that never ended."""
+        found = _KEY.search(raw)
+        key = (int(found[1]), int(found[2])) if found else None
+        what = f"line {n} ({len(raw)} bytes, job {key or 'unknown'}): {exc}"
+        self.damaged.append(what)
+        self.log(f"journal DAMAGED: {what}")
+        for record in self.records.values():
+            if (key is None and not record.ended) or record.key == key:
+                record.damaged = True
 
     def _apply(self, entry: dict[str, Any]) -> None:
         kind = entry["e"]
@@ -111,58 +176,113 @@ class Journal:
             self.records.pop(key, None)
 
     def append(self, kind: str, record: Record, **extra: Any) -> None:
-        """Write one line now, whole, or raise OSError with the file as it was. A start,
-        and the pid that follows a start recorded before its process existed, need no
-        sync (module docstring); any other line is durable after sync()."""
+        """Write one line now, whole. A start, and the pid that follows a start recorded
+        before its process existed, need no sync (module docstring); any other line is
+        durable after sync(). A start the file refuses raises OSError with the file as it
+        was; any other line is then kept in memory (`pending`) and written at a sync."""
         if kind == "start":
-            self._write(_encode({"e": kind, **record.to_json()}).encode() + b"\n")
+            if self.pending:  # lines must stay in order, and these wait for the disk
+                self.flush()
+            self._write(frame({"e": kind, **record.to_json()}))
             self.records[record.key] = record  # what replay would build, without a copy
         else:
             entry = {"e": kind, "job": record.job, "attempt": record.attempt, **extra}
-            self._write(_encode(entry).encode() + b"\n")
-            self._apply(entry)
+            line = frame(entry)
+            self._apply(entry)  # in memory whatever the disk says: never lost here
             self._dirty = self._dirty or kind != "pid"
+            if self.pending:
+                self.pending.append(line)
+            else:
+                try:
+                    self._write(line)
+                except OSError as exc:
+                    self.pending.append(line)
+                    self.log(f"journal: {kind} of job {record.job} kept in memory: {exc}")
         self.lines += 1
 
+    def flush(self) -> None:
+        """Write what waits in memory, in order; OSError while the disk still refuses."""
+        while self.pending:
+            self._write(self.pending[0])
+            self.pending.pop(0)
+
     def _write(self, line: bytes) -> None:
+        if self._cut:  # a part of a line is left on file: this one must not join it
+            try:
+                os.ftruncate(self._fd, self._size)
+                self._cut = False
+            except OSError:
+                line = b"\n" + line  # the part stands alone, read as damage, not glued
         try:
             done = os.write(self._fd, line)
             while done < len(line):  # a regular file may take less; the rest must follow
                 done += os.write(self._fd, line[done:])
         except OSError:
             # A part of a line would glue the next one to it, and replay would lose both.
-            os.ftruncate(self._fd, self._size)
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                self._cut = True
             raise
         self._size += len(line)
+        if line.startswith(b"\n"):
+            self._size = os.fstat(self._fd).st_size
+            self._cut = False
 
-    def sync(self) -> None:
-        if self._dirty:
-            os.fdatasync(self._fd)
-            self._dirty = False
-            if self.lines > self.compact_after and self.lines > 4 * len(self.records):
-                self.compact()
+    @property
+    def durable(self) -> bool:
+        """Whether every line is in the file (none waits in memory for the disk)."""
+        return not self.pending
 
-    def compact(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    def sync(self) -> bool:
+        """Everything written so far on disk; False (logged) while the disk refuses: the
+        lines wait in memory and the next sync tries again."""
+        if not self._dirty and not self.pending:
+            return True
         try:
-            data = b"".join(
-                _encode({"e": "rec", **record.to_json()}).encode() + b"\n"
-                for record in self.records.values()
-            )
-            done = 0
-            while done < len(data):
-                done += os.write(fd, data[done:])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, self.path)
-        fsync_dir(self.path.parent)
+            self.flush()
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self.log(f"journal: cannot sync ({len(self.pending)} lines wait in memory): {exc}")
+            return False
+        self._dirty = False
+        if self.lines > self.compact_after and self.lines > 4 * len(self.records):
+            self.compact()
+        return True
+
+    def compact(self) -> bool:
+        """Rewrite the file with the live records only; False (logged, the old file kept
+        whole) when that cannot be done now."""
+        if self.pending:
+            return False
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        data = b"".join(frame({"e": "rec", **r.to_json()}) for r in self.records.values())
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.write(fd, data[done:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path)
+        except OSError as exc:
+            self.log(f"journal: cannot compact, kept as it is: {exc}")
+            tmp.unlink(missing_ok=True)
+            return False
+        new = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd = new
+        try:
+            fsync_dir(self.path.parent)
+        except OSError as exc:
+            self.log(f"journal: compacted, its directory not synced: {exc}")
         self._size = len(data)
+        self._cut = False
         self.lines = len(self.records)
         self._dirty = False
+        return True
 
     def close(self) -> None:
         self.sync()

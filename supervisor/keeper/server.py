@@ -22,33 +22,26 @@ import os
 import selectors
 import signal
 import socket
-import struct
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from . import spawn
+from .connections import Conn as Conn
+from .connections import Connections, err
 from .jobs import Jobs, Refused, Reply
 from .journal import Key, Record
+from .log import log_line as log_line  # re-exported: __main__ and tools log through it
 from .parked import Parked, Parking
 
-MAX_LINE = 1024 * 1024
 # What this keeper does beyond the first protocol. Keepers outlive an upgrade of gpusvd, so
 # a newer gpusvd may find an older keeper, and asks only for what that one announced.
-FEATURES = ["after", "after_waiting"]  # after_waiting: `after` may name a parked spawn
-MAX_OUTBOX = 64 * 1024 * 1024  # a client that reads nothing loses its connection, not us
+# after_waiting: `after` may name a parked spawn; transient: a spawn error may say that
+# trying again may work (`"transient": true`); too_large_kept: a line over the limit is
+# answered and the connection kept.
+FEATURES = ["after", "after_waiting", "transient", "too_large_kept"]
 REAP_RETRY_S = 1.0
-
-
-class Conn:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.inbox = b""
-        self.outbox = b""
-        self.closed = False
-        self.writing = False  # registered for EVENT_WRITE: the outbox waits on the peer
-        self.ready: Callable[[], None] = lambda: None  # the selector's callback
+PENDING_RETRY_S = 1.0  # journal lines kept in memory (a full disk) are written again
 
 
 class Server:
@@ -58,18 +51,22 @@ class Server:
         self.log = log
         self.sel = selectors.DefaultSelector()
         self.attached: Conn | None = None
-        self.conns: set[Conn] = set()
+        self.net = Connections(self.sel, listener, log, self._request, self._closed)
         self.parked = Parking()
         self.stopping = False
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
+        self.terms = 0  # SIGTERMs seen and not yet logged
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
-        listener.setblocking(False)
-        self.sel.register(listener, selectors.EVENT_READ, self._accept)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        # A stray signal costs no job: a hangup of the terminal that started us, a ^C,
+        # or a SIGTERM from a service manager. Only the daemon's `shutdown` ends a keeper.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_term)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self.sel.register(wake_r, selectors.EVENT_READ, lambda: self._sigchld(wake_r))
 
@@ -77,18 +74,41 @@ class Server:
 
     def serve(self) -> None:
         timeout = self.jobs.tick()
-        while not (self.stopping and not self._pending_output()):
+        while not (self.stopping and not self.net.pending_output()):
             for key, _ in self.sel.select(timeout):
                 self._guarded(key.data)
             if self.reap_due:
                 self._guarded(self._reap)
             self._guarded(self._release)
             self._guarded(self._sync)
-            timeout = self.jobs.tick()
+            self._guarded(self._housekeeping)
+            timeout = self._guarded_tick()
+            soon = [t for t in (timeout,) if t is not None]
             if self.reap_due:  # the pass failed: try again soon, not only at the next child
-                timeout = REAP_RETRY_S if timeout is None else min(timeout, REAP_RETRY_S)
+                soon.append(REAP_RETRY_S)
+            if self.jobs.journal.pending:
+                soon.append(PENDING_RETRY_S)
+            if self.net.paused_until:
+                soon.append(max(0.0, self.net.paused_until - time.monotonic()))
+            timeout = min(soon) if soon else None
             if self.stopping:
                 timeout = 0.01
+
+    def _guarded_tick(self) -> float | None:
+        try:
+            return self.jobs.tick()
+        except Exception as exc:
+            self.log(f"internal error: {type(exc).__name__}: {exc}")
+            return REAP_RETRY_S
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.terms += 1  # logged from the loop: a signal handler writes nothing
+
+    def _housekeeping(self) -> None:
+        if self.terms:
+            self.terms = 0
+            self.log("SIGTERM ignored: jobs are kept and the keeper serves on")
+        self.net.resume_accepting()
 
     def _reap_soon(self) -> None:
         self.reap_due = True
@@ -116,7 +136,9 @@ class Server:
                 self._guarded(functools.partial(self._start_parked, parked))
 
     def _sync(self) -> None:
-        """Make the turn's records durable, then do what waited on them."""
+        """Make the turn's records durable, then do what waited on them. A disk that
+        refuses (full) does not hold them back: an exit kept in memory is reported all
+        the same (the journal writes it again at each turn until the disk takes it)."""
         self.jobs.journal.sync()
         waiting, self.jobs.after_sync = self.jobs.after_sync, []
         for action in waiting:
@@ -130,98 +152,17 @@ class Server:
             pass
         self.reap_due = True
 
-    # -- connections ------------------------------------------------------------------
-
-    def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # EMFILE and the like: the jobs matter more than a client
-            self.log(f"accept failed: {exc.strerror}")
-            time.sleep(0.05)
-            return
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", creds)
-        if uid != os.geteuid():
-            self.log(f"refused a connection from uid {uid} (pid {pid})")
-            err = {"id": None, "ok": False, "error": _err("forbidden", "not the keeper's user")}
-            with contextlib.suppress(OSError):
-                sock.send(_line(err))
-            sock.close()
-            return
-        sock.setblocking(False)
-        conn = Conn(sock)
-        conn.ready = lambda: self._ready(conn)
-        self.conns.add(conn)
-        self.sel.register(sock, selectors.EVENT_READ, conn.ready)
-
-    def _read(self, conn: Conn) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-            return
-        conn.inbox += data
-        while not conn.closed and b"\n" in conn.inbox:
-            line, conn.inbox = conn.inbox.split(b"\n", 1)
-            self._request(conn, line)
-        if len(conn.inbox) > MAX_LINE:
-            self.log("a request line over 1 MiB: connection closed")
-            self._send(conn, {"id": None, "ok": False, "error": _err("too_large", "line too long")})
-            self._close(conn)
-
-    def _send(self, conn: Conn, obj: dict[str, Any]) -> None:
-        if conn.closed:
-            return
-        conn.outbox += _line(obj)
-        self._flush(conn)
-
-    def _flush(self, conn: Conn) -> None:
-        try:
-            while conn.outbox:
-                sent = conn.sock.send(conn.outbox)
-                conn.outbox = conn.outbox[sent:]
-        except (BlockingIOError, InterruptedError):
-            if len(conn.outbox) > MAX_OUTBOX:
-                self.log("a client reads nothing: connection closed")
-                self._close(conn)
-                return
-        except OSError:
-            self._close(conn)
-            return
-        if conn.writing != bool(conn.outbox):  # else the registration is right already
-            conn.writing = bool(conn.outbox)
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.writing else 0)
-            self.sel.modify(conn.sock, events, conn.ready)
-
-    def _ready(self, conn: Conn) -> None:
-        if conn.outbox:
-            self._flush(conn)
-        if not conn.closed:
-            self._read(conn)
-
-    def _close(self, conn: Conn) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self.conns.discard(conn)
+    def _closed(self, conn: Conn) -> None:
         if self.attached is conn:
             self.attached = None
         # Nobody is left to be told of these, and a daemon that attaches later takes an
         # attempt without a record for one that never started: it must never start.
         for key in self.parked.drop_conn(conn):
             self._never_started(key)
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(conn.sock)
-        conn.sock.close()
 
-    def _pending_output(self) -> bool:
-        return any(c.outbox for c in self.conns)
+    @property
+    def conns(self) -> set[Conn]:
+        return self.net.conns
 
     # -- requests ---------------------------------------------------------------------
 
@@ -240,21 +181,25 @@ class Server:
                 raise spawn.BadRequest(f"unknown op {op!r}")
             handler(self, conn, msg, self._replier(conn, rid))
         except (ValueError, TypeError) as exc:  # JSONDecodeError and BadRequest included
-            self.log(f"bad request: {exc}")
-            self._send(conn, {"id": rid, "ok": False, "error": _err("bad_request", str(exc))})
+            self.log(f"bad request: {str(exc)[:200]}")
+            self.net.send(conn, {"id": rid, "ok": False, "error": err("bad_request", str(exc))})
         except Refused as exc:
-            self._send(conn, {"id": rid, "ok": False, "error": _err(exc.code, str(exc))})
+            self.net.send(conn, {"id": rid, "ok": False, "error": exc.error()})
+        except Exception as exc:  # whatever failed inside, the request gets an answer
+            self.log(f"internal error answering a request: {type(exc).__name__}: {exc}")
+            error = err("internal", f"{type(exc).__name__}: {exc}")
+            self.net.send(conn, {"id": rid, "ok": False, "error": error})
 
     def _replier(self, conn: Conn, rid: object) -> Callable[[dict[str, Any]], None]:
         def reply(fields: dict[str, Any]) -> None:
             ok = "error" not in fields
-            self._send(conn, {"id": rid, "ok": ok, **fields})
+            self.net.send(conn, {"id": rid, "ok": ok, **fields})
 
         return reply
 
     def _exited(self, record: Record) -> None:
         if self.attached is not None:
-            self._send(self.attached, {"event": "exit", "job": record.to_json()})
+            self.net.send(self.attached, {"event": "exit", "job": record.to_json()})
 
     def _never_started(self, key: Key) -> None:
         self.log(f"job {key[0]} attempt {key[1]}: its connection closed before it started")
@@ -263,7 +208,11 @@ class Server:
         try:
             self._start(parked.spec, parked.reply)
         except Refused as exc:  # answered as _request answers a spawn refused at once
-            parked.reply({"error": _err(exc.code, str(exc))})
+            parked.reply({"error": exc.error()})
+            self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
+        except Exception as exc:
+            self.log(f"internal error starting a parked spawn: {type(exc).__name__}: {exc}")
+            parked.reply({"error": err("internal", f"{type(exc).__name__}: {exc}")})
             self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
 
     def _op_attach(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
@@ -272,12 +221,19 @@ class Server:
         new daemon's list shows it) or is never read at all."""
         for other in list(self.conns):
             if other is not conn:
-                self._close(other)
+                self.net.close(other)
         self.attached = conn
         # After this turn's sync: an exit recorded in this same turn is listed only once
         # it is on disk, as it would be reported. (A start needs only to be written.)
         self.jobs.after_sync.append(
-            lambda: reply({"pid": os.getpid(), "jobs": self._jobs_json(), "features": FEATURES})
+            lambda: reply(
+                {
+                    "pid": os.getpid(),
+                    "jobs": self._jobs_json(),
+                    "features": FEATURES,
+                    "damaged": self.jobs.journal.damaged,
+                }
+            )
         )
 
     def _op_ping(self, conn: Conn, msg: dict[str, Any], reply: Reply) -> None:
@@ -308,7 +264,8 @@ class Server:
         if live is None:  # it could not start: answered once that is on disk
             return
         key = (spec.job, spec.attempt)
-        self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
+        if live.pidfd is not None:  # else SIGCHLD alone tells of its exit
+            self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
         if live.status_fd is not None:  # a gated fork: exec's outcome comes on this pipe
             self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
 
@@ -377,20 +334,3 @@ def _key(msg: dict[str, Any]) -> Key:
     if type(job) is not int or type(attempt) is not int:
         raise spawn.BadRequest("job and attempt: integers")
     return (job, attempt)
-
-
-def _err(code: str, message: str) -> dict[str, str]:
-    return {"code": code, "message": message}
-
-
-_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return _encode(obj).encode() + b"\n"
-
-
-def log_line(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    sys.stderr.write(f"{stamp} keeper[{os.getpid()}]: {message}\n")
-    sys.stderr.flush()

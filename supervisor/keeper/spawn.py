@@ -14,16 +14,50 @@ by exec, tells the keeper whether exec worked.
 
 from __future__ import annotations
 
+import errno
 import os
+import select
 import signal
 from dataclasses import dataclass
 from typing import Any
 
 from . import cgroup
 from .journal import Key
+from .pidfds import start_ticks as start_ticks  # re-exported: the spawn path reads it
 
 GO = b"g"
 READY = b"\0"  # on the status pipe: the output files are open (no message starts so)
+TRANSIENT = b"\x01"  # on the status pipe, before a reason: a passing one (EAGAIN...)
+# Failures that may pass: the host is short of processes, memory, descriptors or disk,
+# or a call was interrupted. A start that failed so is tried again by gpusvd, within
+# the job's ordinary retry budget; any other failure cannot fix itself.
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOSPC,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.EDQUOT,
+    }
+)
+OUTPUT_WAIT_S = 2.0  # the most the loop waits for a child to open its output files
+# Signals the keeper ignores or handles, set back to their defaults for a job's command
+# (an ignored signal stays ignored across exec).
+JOB_DEFAULTS = (
+    signal.SIGCHLD,
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGINT,
+)
+
+
+def transient(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
 
 
 class BadRequest(ValueError):
@@ -153,7 +187,12 @@ _DEVNULL = -1
 
 
 class SetupFailed(Exception):
-    """The child could not open the job's output files: nothing ran. The reason."""
+    """The child could not open the job's output files: nothing ran. The reason, and
+    whether it may pass (a full disk, too many open files, a filesystem too slow)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
@@ -176,7 +215,7 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
         for fd in fds:
             os.close(fd)
         fds = []
-        _await_output(status_r)
+        _await_output(status_r, pid)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -187,16 +226,30 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
     return Forked(pid, gate_w, status_r)
 
 
-def _await_output(status: int) -> None:
+def _await_output(status: int, pid: int) -> None:
     """The child creates the job's output files, not the keeper: on a busy filesystem a
     new inode costs more than the rest of a spawn, and the keeper's loop is the one
     thread every job shares. It waits for them as it waited for its own open() before,
-    so no spawn takes longer than it did; no record exists until they are open."""
+    but no longer than OUTPUT_WAIT_S (a hung filesystem must not hold every job's loop):
+    then the child is killed, through a pidfd, and the start refused as a passing
+    failure. No record exists until they are open."""
+    poller = select.poll()
+    poller.register(status, select.POLLIN)
+    if not poller.poll(int(OUTPUT_WAIT_S * 1000)):
+        fd = os.pidfd_open(pid)  # our own child, not reaped: still this process
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
+        message = f"cannot start the job: its output files took over {OUTPUT_WAIT_S:g}s to open"
+        raise SetupFailed(message, transient=True)
     first = os.read(status, 1)
     if first != READY:
         rest = os.read(status, 4096) if first else b""
-        message = (first + rest).decode(errors="replace")
-        raise SetupFailed(message or "cannot start the job: it died before its output opened")
+        passing = (first + rest).startswith(TRANSIENT)
+        message = (first + rest).removeprefix(TRANSIENT).decode(errors="replace")
+        message = message or "cannot start the job: it died before its output opened"
+        raise SetupFailed(message, transient=passing)
 
 
 def _child(
@@ -211,7 +264,7 @@ def _child(
     stage = "cannot start the job"
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM):
+        for sig in JOB_DEFAULTS:
             signal.signal(sig, signal.SIG_DFL)
         out, err = _open_output(spec, status)
         os.setsid()
@@ -239,11 +292,12 @@ def _child(
         os.execvpe(spec.argv[0], list(spec.argv), spec.env)
     except BaseException as exc:
         message = why(stage, spec.argv[0], exc)
+        mark = TRANSIENT.decode() if transient(exc) else ""
         try:
             if stage.startswith("cannot enter"):  # the job's own stderr says which; the
                 os.write(2, f"gpusv: {message}\n".encode(errors="replace"))  # answer never
                 message = f"{stage}: missing or not permitted (the job's stderr says which)"
-            os.write(status, message.encode(errors="replace"))  # tells missing from not yours
+            os.write(status, (mark + message).encode(errors="replace"))  # missing or not yours
         finally:
             os._exit(127)
     os._exit(127)
@@ -257,7 +311,8 @@ def _open_output(spec: Spec, status: int) -> tuple[int, int]:  # pragma: no cove
         err = out if spec.stderr == spec.stdout else open_log(spec.stderr, spec.uid, spec.gid)
     except OSError as exc:
         where = f"cannot open {exc.filename}" if exc.filename else "cannot open the output"
-        os.write(status, f"{where}: {exc.strerror}".encode(errors="replace"))
+        mark = TRANSIENT.decode() if transient(exc) else ""
+        os.write(status, f"{mark}{where}: {exc.strerror}".encode(errors="replace"))
         os._exit(127)
     os.write(status, READY)
     return out, err
@@ -294,17 +349,17 @@ def _close_all_but(low: int, high: int) -> None:  # pragma: no cover - in the ch
     os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
 
 
-def start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot.
-    A pid with the same start is the same process (pids are reused, this is not)."""
+def open_gate(gate: int) -> None:
+    """Let the gated child run its command (its start is written)."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 4096)
-    except OSError:
-        return None
+        os.write(gate, GO)
+    except BrokenPipeError:
+        pass  # the child failed its setup and is gone: its exit says why
     finally:
-        os.close(fd)
-    return int(data[data.rindex(b")") + 2 :].split()[19])
+        os.close(gate)
+
+
+def open_failure(exc: OSError) -> str:
+    if exc.filename:
+        return f"cannot open {exc.filename}: {exc.strerror}"
+    return f"cannot start the job: {exc.strerror}"

@@ -10,12 +10,14 @@ and removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 
-from . import cgroup, direct, spawn
+from . import cgroup, direct, pidfds, spawn
 from .jobs import Jobs
+from .journal import Record
 
 
 def take_over(jobs: Jobs) -> None:
@@ -27,15 +29,42 @@ def take_over(jobs: Jobs) -> None:
             for path in (groups.v2, groups.memcg):
                 if path is not None and os.path.exists(path):
                     cgroup.empty_out(path)
-        elif spawn.start_ticks(record.pid) == record.start_ticks:
-            jobs.send(record, signal.SIGKILL)
+        else:
+            _kill_orphan(record)
         peak, oom = cgroup.memory(groups)
+        why = "its keeper died; killed"
+        extra = {}
+        if record.damaged:  # said, never silent: its exit may be in the damaged line
+            why = "its journal line could not be read (damaged); taken as lost, killed"
+            extra["error"] = "journal damaged: an exit of this attempt may have been lost"
         jobs.journal.append(
-            "exit", record, ended_at=time.time(), lost=True, peak_bytes=peak, oom_kills=oom
+            "exit",
+            record,
+            ended_at=time.time(),
+            lost=True,
+            peak_bytes=peak,
+            oom_kills=oom,
+            **extra,
         )
-        jobs.log(f"job {record.job} attempt {record.attempt}: its keeper died; killed")
+        jobs.log(f"job {record.job} attempt {record.attempt}: {why}")
     _sweep_strays(jobs)
     jobs.journal.sync()
+
+
+def _kill_orphan(record: Record) -> None:
+    """Without a cgroup: the leader, through a pidfd, if it is still the process the
+    record names (same start tick once the pidfd holds it), and its group while it
+    lives and leads it. Never pid 0 (a start recorded before its process existed)."""
+    fd = pidfds.open_pid(record.pid)
+    if fd is None:
+        return
+    try:
+        if spawn.start_ticks(record.pid) == record.start_ticks:
+            pidfds.signal_group_of(fd, record.pid, signal.SIGKILL)
+            pidfds.send(fd, signal.SIGKILL)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _sweep_strays(jobs: Jobs) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from supervisor.keeper.client import Connection, KeeperError, launch
 from supervisor.keeper.journal import Journal
+from supervisor.wire.framing import MAX_KEEPER_LINE
 
 from .keeper_fixture import alive, keeper, wait_for
 
@@ -140,9 +141,12 @@ def test_malformed_requests_are_answered_and_cost_nothing() -> None:
         bad = k.job(3, ["true"], cwd="relative")
         with pytest.raises(KeeperError, match="cwd: an absolute path"):
             conn.call("spawn", **bad)
-        raw.sendall(b"x" * (1024 * 1024 + 10))  # over the line limit: answered, closed
-        assert json.loads(reader.readline())["error"]["code"] == "too_large"
-        assert reader.readline() == b""
+        # Over the line limit: answered by its id, skipped to its end, the connection kept.
+        raw.sendall(b'{"id":7,"op":"ping","pad":"' + b"x" * MAX_KEEPER_LINE)
+        answer = json.loads(reader.readline())
+        assert (answer["id"], answer["error"]["code"]) == (7, "too_large")
+        raw.sendall(b'xx"}\n{"id":8,"op":"ping"}\n')  # the rest of it, then a request
+        assert json.loads(reader.readline())["id"] == 8
         assert alive(pid) and [j["job"] for j in conn.call("list")["jobs"]] == [1]
         assert "bad request" in (k.home / "log").read_text()
 

@@ -6,7 +6,6 @@ time to pass: every wait is for a message, a file or a log line.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from supervisor.keeper.client import Connection, KeeperError
+from supervisor.keeper.journal import unframe
 
 from .keeper_fixture import Keeper, alive, keeper, wait_for
 
@@ -64,7 +64,8 @@ def _answers(conn: Connection, *rids: int) -> tuple[dict[int, Message], list[Mes
 
 
 def _starts(k: Keeper) -> list[int]:
-    lines = [json.loads(line) for line in (k.home / "journal").read_text().splitlines()]
+    raw = (k.home / "journal").read_bytes().splitlines()
+    lines = [unframe(line) for line in raw]
     return [line["job"] for line in lines if line["e"] == "start"]
 
 

@@ -148,4 +148,5 @@ def test_a_spawn_is_answered_with_its_record_once_the_status_pipe_reads_eof(
     assert answers == [{"job": jobs.journal.records[(1, 1)].to_json()}]
     _, status = os.waitpid(jobs.journal.records[(1, 1)].pid, 0)
     assert os.WEXITSTATUS(status) == 0 and marker.exists()
+    assert live.pidfd is not None
     os.close(live.pidfd)

@@ -15,7 +15,9 @@ import psutil
 import structlog
 
 from supervisor.core.jobs import ExitStatus
-from supervisor.keeper.cgroup import orphan_pids
+from supervisor.daemon.running.keeper_link import CALL_DEADLINE_S
+from supervisor.keeper import pidfds
+from supervisor.keeper.cgroup import Groups, orphan_pids, signal_groups
 from supervisor.keeper.client import Connection, KeeperError
 from supervisor.keeper.journal import Key, Record
 
@@ -102,9 +104,13 @@ class KeptProcess:
         """The cgroup remembers for us."""
 
     def signal_tree(self, sig: int) -> None:
-        for pid in self.pids_now():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+        """Each process through a pidfd, once it holds the pid: still in the job's
+        cgroup, or, without one, still started when the pid was read (pidfds.py)."""
+        groups = Groups(self.record.cgroup or None, self.record.memcg or None)
+        if groups.any:
+            signal_groups(groups, sig)
+        else:
+            pidfds.signal_started(self.pids_now(), sig)
 
     def kill_tree(self, grace_s: float) -> None:
         """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
@@ -145,9 +151,9 @@ def kill_through(home: Path, key: Key, grace_s: float) -> bool:
     """Blocking: the keeper kills the attempt (or drops it, if it holds it back) and
     answers once nothing of it is left; False if the keeper could not be asked."""
     try:
-        with Connection(home / "sock", timeout_s=None) as conn:
+        with Connection(home / "sock", timeout_s=grace_s + CALL_DEADLINE_S) as conn:
             conn.call("kill", job=key[0], attempt=key[1], grace_s=grace_s)
-    except (OSError, ConnectionError, KeeperError) as exc:
+    except (OSError, ConnectionError, KeeperError) as exc:  # a timeout is an OSError
         log.warning("kill through the keeper failed", job_id=key[0], error=repr(exc))
         return False
     return True

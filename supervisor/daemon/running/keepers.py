@@ -12,16 +12,19 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 
+from supervisor.daemon.running import keeper_link as link
 from supervisor.daemon.running.handles import KeptProcess
+from supervisor.daemon.running.keeper_calls import RELIST_S as RELIST_S
+from supervisor.daemon.running.keeper_calls import Drop as Drop
+from supervisor.daemon.running.keeper_calls import Keeper as Keeper
+from supervisor.daemon.running.keeper_calls import KeeperGone as KeeperGone
+from supervisor.daemon.running.keeper_calls import SpawnDropped as SpawnDropped
 from supervisor.daemon.running.keeper_wire import Wire
 from supervisor.daemon.running.launch import SpawnError
 from supervisor.keeper.client import KeeperError, launch
@@ -29,9 +32,6 @@ from supervisor.keeper.journal import Key, Record, record_from
 from supervisor.keeper.spawn import Spec
 
 log = structlog.get_logger("gpusvd.keepers")
-
-RELIST_S = 0.5  # after a skipped line: long enough for the spawn's watcher to be waiting
-RELIST_MAX_S = 60.0  # while list answers cannot be read either
 
 
 def keeper_name(cards: tuple[int, ...]) -> str:
@@ -46,200 +46,6 @@ def cgroup_tag(state_dir: Path) -> str:
     distinct for two daemons on one host (their state dirs differ)."""
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
     return f"gpusv-{digest}"
-
-
-class KeeperGone(Exception):
-    """The keeper's connection closed: it died, or a newer gpusvd attached."""
-
-
-class SpawnDropped(Exception):
-    """A spawn started ahead never ran: killed while its keeper held it back, or its
-    keeper (or the connection to it) went away meanwhile, which drops it too (`gone`)."""
-
-    def __init__(self, message: str, *, gone: bool = False) -> None:
-        super().__init__(message)
-        self.gone = gone
-
-
-class Drop:
-    """A request to drop a spawn that its keeper holds back behind another job: sent at
-    once when the spawn is on its connection, else right after the spawn itself (a kill
-    of the same job and attempt, on the same connection, so after it), and never once
-    the spawn was answered."""
-
-    def __init__(self) -> None:
-        self.asked = False
-        self._send: Callable[[], None] | None = None
-
-    def ask(self) -> None:
-        if not self.asked:
-            self.asked = True
-            if self._send is not None:
-                self._send()
-
-    def arm(self, send: Callable[[], None] | None) -> None:
-        self._send = send
-        if send is not None and self.asked:
-            send()
-
-
-@dataclass
-class Keeper:
-    name: str
-    home: Path
-    wire: Wire
-    pid: int = 0
-    _next: int = 0
-    _replies: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = field(default_factory=dict)
-    _ended: dict[Key, Record] = field(default_factory=dict)
-    _waiting: dict[Key, anyio.Event] = field(default_factory=dict)
-    gone: bool = False
-    features: frozenset[str] = frozenset()  # as its attach announced them
-    _relist_due: bool = False
-    _relist_s: float = RELIST_S  # doubles while even the list answers are skipped
-    _listing: set[int] = field(default_factory=set)  # ids of our own `list` requests
-    _on_gone: anyio.Event | None = None
-
-    async def call(
-        self,
-        op: str,
-        *,
-        drop: Drop | None = None,
-        drop_grace_s: float = 0.0,
-        **fields: Any,
-    ) -> dict[str, Any]:
-        """The request's answer. With `drop`: asked before the answer came, a `kill` of
-        the same job and attempt follows on this connection: how a spawn held back by its
-        keeper is dropped."""
-        if self.gone:
-            raise KeeperGone(f"keeper {self.name} is gone")
-        self._next += 1
-        rid, done = self._next, anyio.Event()
-        box: list[dict[str, Any]] = []
-        self._replies[rid] = (done, box)
-        try:
-            await self._send(rid, op, fields)
-        except KeeperGone:
-            self._replies.pop(rid, None)
-            raise
-        if drop is None:
-            await done.wait()
-        else:
-            job, attempt = fields["job"], fields["attempt"]
-            kill = {"job": job, "attempt": attempt, "grace_s": drop_grace_s}
-            drop.arm(lambda: self._tell_now("kill", kill))
-            try:
-                await done.wait()
-            finally:
-                drop.arm(None)
-        if not box:
-            raise KeeperGone(f"keeper {self.name} went away before it answered")
-        answer: dict[str, Any] = box[0]
-        if not answer.get("ok"):
-            error = answer.get("error") or {}
-            raise KeeperError(str(error.get("code")), str(error.get("message")))
-        return answer
-
-    async def tell(self, op: str, **fields: Any) -> None:
-        """A request whose answer nobody waits for: its id is not kept, so the answer is
-        dropped when it comes."""
-        if self.gone:
-            raise KeeperGone(f"keeper {self.name} is gone")
-        self._next += 1
-        await self._send(self._next, op, fields)
-
-    def _tell_now(self, op: str, fields: dict[str, Any]) -> None:
-        """`tell`, from a callback: the write needs no await, and a closed connection
-        has dropped whatever it held back anyway."""
-        self._next += 1
-        with contextlib.suppress(KeeperGone):
-            self._write(self._next, op, fields)
-
-    async def _send(self, rid: int, op: str, fields: dict[str, Any]) -> None:
-        self._write(rid, op, fields)
-
-    def _write(self, rid: int, op: str, fields: dict[str, Any]) -> None:
-        line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
-        if not self.wire.write(line.encode()):
-            raise KeeperGone(f"keeper {self.name}: its connection is closed")
-
-    async def ended(self, key: Key) -> Record:
-        while key not in self._ended:
-            if self.gone:
-                raise KeeperGone(f"keeper {self.name} is gone")
-            event = self._waiting.setdefault(key, anyio.Event())
-            await event.wait()
-        return self._ended.pop(key)
-
-    def _exited(self, record: Record) -> None:
-        self._ended[record.key] = record
-        event = self._waiting.pop(record.key, None)
-        if event is not None:
-            event.set()
-
-    def _skipped(self) -> None:
-        """A line was skipped: it may have been an exit. The keeper's journal still
-        holds every exit not acknowledged, so its `list` is read again shortly, and each
-        exit a watcher still waits for is taken from there."""
-        if self._relist_due or self.gone:
-            return
-        self._relist_due = True
-        asyncio.get_running_loop().call_later(self._relist_s, self._relist)
-        self._relist_s = min(RELIST_MAX_S, self._relist_s * 2)
-
-    def _relist(self) -> None:
-        self._relist_due = False
-        self._next += 1
-        self._listing.add(self._next)
-        try:
-            self._write(self._next, "list", {})
-        except KeeperGone:
-            self._listing.discard(self._next)
-
-    def _listed(self, message: dict[str, Any]) -> None:
-        """Our own `list`'s answer: a record that cannot be read here either is logged
-        once more, not listed again (that would go on for as long as it is kept)."""
-        self._relist_s = RELIST_S
-        found = 0
-        for raw in message.get("jobs") or ():
-            try:
-                record = record_from(raw)
-            except Exception as exc:
-                log.error("keeper record unreadable", keeper=self.name, error=repr(exc))
-                continue
-            if record.ended and record.key in self._waiting and record.key not in self._ended:
-                self._exited(record)
-                found += 1
-        log.info("keeper list read again after a skipped line", keeper=self.name, exits=found)
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        if message.get("event") == "exit":
-            self._exited(record_from(message["job"]))
-            return
-        if message.get("id") in self._listing:
-            self._listing.discard(message["id"])
-            self._listed(message)
-            return
-        slot = self._replies.pop(message.get("id", -1), None)
-        if slot is not None:
-            slot[1].append(message)
-            slot[0].set()
-
-    async def closed(self) -> None:
-        """Until the connection has closed: a keeper let go has then exited."""
-        if not self.gone:
-            self._on_gone = self._on_gone or anyio.Event()
-            await self._on_gone.wait()
-
-    def _lost(self) -> None:
-        self.gone = True
-        if self._on_gone is not None:
-            self._on_gone.set()
-        for done, _ in self._replies.values():
-            done.set()
-        self._replies.clear()
-        for event in self._waiting.values():
-            event.set()
 
 
 class Keepers:
@@ -259,6 +65,7 @@ class Keepers:
 
     async def __aexit__(self, *exc: Any) -> None:
         for keeper in self.keepers.values():  # the connections; the keepers live on
+            keeper.closing = True
             keeper.wire.close()
 
     def home(self, name: str) -> Path:
@@ -286,7 +93,10 @@ class Keepers:
             keeper = await _connect(name, home)
             answer = await keeper.call("attach")
             keeper.pid = int(answer["pid"])
+            keeper.pidfd = link.open_pidfd(keeper.pid)
             keeper.features = frozenset(answer.get("features") or ())
+            if answer.get("damaged"):  # said by the keeper too, in its own log
+                log.error("keeper journal damaged", keeper=name, lines=answer["damaged"][:20])
             records = [record_from(r) for r in answer["jobs"]]
             for record in records:
                 if record.ended:
@@ -317,11 +127,12 @@ class Keepers:
         except KeeperError as exc:
             if exc.code == "dropped":
                 raise SpawnDropped(exc.message) from None
-            raise SpawnError(exc.message if exc.code == "spawn" else str(exc)) from None
+            message = exc.message if exc.code == "spawn" else str(exc)
+            raise SpawnError(message, transient=_passing(exc)) from None
         except (KeeperGone, OSError) as exc:
             if after is not None:  # a held-back spawn goes with its connection
                 raise SpawnDropped(f"keeper {name} went away: {exc}", gone=True) from None
-            raise SpawnError(f"keeper {name} unavailable: {exc}") from None
+            raise SpawnError(f"keeper {name} unavailable: {exc}", transient=True) from None
         return KeptProcess(keeper, record_from(answer["job"]))
 
     async def forget(self, name: str, key: Key) -> None:
@@ -371,12 +182,20 @@ class Keepers:
                 continue
             except KeeperError:
                 all_left = False
+            else:
+                keeper.closing = True  # it leaves: its connection's end is its own
         return all_left
 
     async def all_closed(self) -> None:
         """Until every keeper's connection has closed: each one let go has exited."""
         for keeper in list(self.keepers.values()):
             await keeper.closed()
+
+
+def _passing(exc: KeeperError) -> bool:
+    """Whether a spawn refused so may start if tried again: what the keeper says, a
+    keeper that could not be started or did not answer in time, an internal error."""
+    return exc.transient or exc.code in ("start", "timeout", "internal")
 
 
 def _spawn_fields(spec: Spec) -> dict[str, Any]:

@@ -14,7 +14,12 @@ import psutil
 
 
 class SpawnError(Exception):
-    """The command could not be started; the message says why, for the user."""
+    """The command could not be started; the message says why, for the user. With
+    `transient`, for a passing cause: the attempt is retried (`spawn_retry`)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def kill_leftover(pid: int, start_time: float | None) -> bool:

@@ -213,7 +213,8 @@ class Runner:
                     ahead.answered.set()
                     self._ahead.pop(job_id, None)
         except SpawnError as exc:
-            await self.engine.do(Ended(job_id, n, Facts(None, spawn_error=str(exc))))
+            facts = Facts(None, spawn_error=str(exc), spawn_transient=exc.transient)
+            await self.engine.do(Ended(job_id, n, facts))
             await self.keepers.forget(name, (job_id, n))
             return
         except SpawnDropped as exc:

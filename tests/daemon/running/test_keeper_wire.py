@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.daemon.running import keeper_wire, keepers
+from supervisor.daemon.running import keeper_calls, keeper_wire, keepers
 from supervisor.daemon.running.keeper_wire import Wire
 
 
@@ -132,9 +132,9 @@ async def test_a_skipped_line_has_the_list_read_again_and_an_unreadable_record_r
     """After a skipped line, one `list` goes out; the exits its answer holds reach those
     who wait for them, a record unreadable there too is only logged, and while even the
     answers are skipped the lists come ever more slowly."""
-    monkeypatch.setattr(keepers, "RELIST_S", 0.01)
+    monkeypatch.setattr(keeper_calls, "RELIST_S", 0.01)
     keeper = keepers.wired("cpu", Path("/nonexistent"))
-    keeper._relist_s = keepers.RELIST_S
+    keeper._relist_s = keeper_calls.RELIST_S
     w = keeper.wire
     t = Transport()
     w.connection_made(t)
@@ -148,7 +148,7 @@ async def test_a_skipped_line_has_the_list_read_again_and_an_unreadable_record_r
     answer = {"id": lists[0]["id"], "ok": True, "jobs": [{"no": "fields"}, good]}
     w.data_received(json.dumps(answer).encode() + b"\n")
     assert (await asyncio.wait_for(waiter, 1)).key == (5, 1)
-    assert keeper._relist_s == keepers.RELIST_S and not keeper._relist_due  # nothing more due
+    assert keeper._relist_s == keeper_calls.RELIST_S and not keeper._relist_due  # nothing more due
     for _ in range(3):  # answers that cannot be read either: each wait twice as long
         w.data_received(b"{garbled\n")
-    assert keeper._relist_s == 2 * keepers.RELIST_S
+    assert keeper._relist_s == 2 * keeper_calls.RELIST_S
