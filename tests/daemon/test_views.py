@@ -87,6 +87,7 @@ def test_attempts_and_events_when_asked_for() -> None:
             "peak_rss_mb": 512,
             "peak_vram_mb": None,
             "evidence": None,
+            "stopping": None,
         }
     ]
     assert out["events"] == events

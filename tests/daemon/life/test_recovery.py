@@ -134,7 +134,8 @@ async def test_queued_jobs_stay_queued_and_are_announced(store: Store) -> None:
 
 
 async def test_a_running_job_no_keeper_holds_is_interrupted_and_queued(store: Store) -> None:
-    await stored(store, running(1), attempts=(Attempt(1, 1, (0,), T0, "k"),))
+    gone = Attempt(1, 1, (0,), T0, "k", pid=4_000_000, pid_start=1.0)  # it ran; now gone
+    await stored(store, running(1), attempts=(gone,))
     d = Daemon(store)
     await d.reconcile(Keepers(), Runner())
     job = await store.get_job(1)
@@ -146,6 +147,18 @@ async def test_a_running_job_no_keeper_holds_is_interrupted_and_queued(store: St
     assert events[-1]["kind"] == "interrupted"
     assert events[-1]["message"] == "the daemon stopped while this attempt ran"
     assert d.engine.table.jobs[1].state is JobState.QUEUED
+
+
+async def test_a_claim_no_keeper_ever_started_leaves_no_attempt_and_is_queued(
+    store: Store,
+) -> None:
+    await stored(store, running(1), attempts=(Attempt(1, 1, (0,), T0, "k"),))
+    d = Daemon(store)
+    await d.reconcile(Keepers(), Runner())
+    job = await store.get_job(1)
+    assert job is not None and (job.state, job.attempts, job.reason) == (JobState.QUEUED, 0, None)
+    assert await store.attempts(1) == []
+    assert (await store.events(1))[-1]["kind"] == "requeued"
 
 
 async def test_a_leftover_process_of_the_same_start_is_killed(

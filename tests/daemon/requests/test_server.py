@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
+from supervisor.daemon.requests import connections
 from supervisor.daemon.requests.server import (
     AlreadyRunning,
     Peer,
@@ -175,18 +176,25 @@ async def test_a_line_over_the_limit_is_refused_and_the_connection_closed(
 async def test_an_idle_connection_is_closed(sock_path: Path) -> None:
     async with serving(sock_path, idle_timeout_s=0.2) as served:
         assert await in_thread(served.path, b"") == []  # the server closed it
-        await wait_until(lambda: len(served.closed) == 1 and served.server.connections == 0)
+        await wait_until(lambda: len(served.closed) == 1 and not served.server.held.held)
 
 
-async def test_a_user_over_its_own_cap_hears_busy(sock_path: Path) -> None:
+async def test_a_user_over_its_own_cap_hears_busy(
+    sock_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its connections are never idle long enough to be given up (connections.py).
+    monkeypatch.setattr(connections, "EVICT_IDLE_S", 3600.0)
     async with serving(sock_path, max_per_user=2, max_connections=10) as served:
         held = [Client(served.path, "hold") for _ in range(2)]
         try:
             for c in held:
                 assert (await c.answer())["ok"] is True
-            assert served.server.by_uid == {os.getuid(): 2}
+            assert served.server.held.by_uid == {os.getuid(): 2}
             knock = Client(served.path, "knock")
-            message = f"uid {os.getuid()} holds its limit of 2 connections to gpusvd; retry"
+            message = (
+                f"uid {os.getuid()} holds its limit of 2 connections to gpusvd, "
+                "none of them idle; retry"
+            )
             assert await knock.answer() == error(protocol.BUSY, message)
             knock.close()
             # The daemon's own check-in (this process is the server's) is never refused.
@@ -194,7 +202,7 @@ async def test_a_user_over_its_own_cap_hears_busy(sock_path: Path) -> None:
         finally:
             for c in held:
                 c.close()
-        await wait_until(lambda: served.server.by_uid == {} and served.server.connections == 0)
+        await wait_until(lambda: served.server.held.by_uid == {} and not served.server.held.held)
         again = Client(served.path, "hold")  # the slots came back
         try:
             assert (await again.answer())["ok"] is True
@@ -202,13 +210,16 @@ async def test_a_user_over_its_own_cap_hears_busy(sock_path: Path) -> None:
             again.close()
 
 
-async def test_over_the_global_cap_hears_busy(sock_path: Path) -> None:
+async def test_over_the_global_cap_hears_busy(
+    sock_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(connections, "EVICT_IDLE_S", 3600.0)  # none gives way
     async with serving(sock_path, max_per_user=5, max_connections=1) as served:
         held = Client(served.path, "hold")
         try:
             assert (await held.answer())["ok"] is True
             knock = Client(served.path, "knock")
-            message = "gpusvd is serving its limit of 1 connections; retry"
+            message = "gpusvd is serving its limit of 1 connections, none idle; retry"
             assert await knock.answer() == error(protocol.BUSY, message)
             knock.close()
             served.server.set_limits(2, 5, 30.0)  # a reload: the next one fits
