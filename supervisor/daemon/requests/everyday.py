@@ -20,6 +20,7 @@ from supervisor.core.commands import Cancel, Forget, HoldJob
 from supervisor.core.engine import hold_refusal
 from supervisor.core.jobs import Job
 from supervisor.daemon.clock import now_iso
+from supervisor.daemon.requests.intake import find_job
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.store.writer import StorageError, storage_reason
@@ -27,7 +28,10 @@ from supervisor.wire import protocol
 from supervisor.wire.protocol import Clean, JobRef, ProtocolError
 
 if TYPE_CHECKING:
-    from supervisor.daemon.requests.handlers import Api
+    from supervisor.daemon.dispatcher import Dispatcher
+    from supervisor.daemon.engine import Engine
+    from supervisor.daemon.requests.access import Access
+    from supervisor.daemon.requests.intake import Intake
     from supervisor.daemon.requests.server import Peer
 
 PAUSED_FILE = "paused"  # in the state dir: a pause outlives a restart of the daemon
@@ -35,11 +39,25 @@ CLOSE_CANCEL_S = 10.0  # the longest a closed `run` connection's cancels may tak
 
 
 class Verbs:
-    def __init__(self, api: Api) -> None:
-        self.api = api
-        self.engine = api.engine
-        self.table = api.engine.table
-        self.store = api.store
+    def __init__(
+        self,
+        engine: Engine,
+        access: Access,
+        intake: Intake,
+        dispatcher: Dispatcher,
+        *,
+        state_dir: Path,
+        draining: Callable[[], bool],
+    ) -> None:
+        self.engine = engine
+        self.table = engine.table
+        self.store = engine.store
+        self.access = access
+        self.intake = intake
+        self.dispatcher = dispatcher
+        self.state_dir = state_dir
+        self.logs_dir = state_dir / "logs"
+        self.draining = draining
         self.bound: dict[int, set[int]] = {}  # connection -> its `run` jobs
 
     async def _each(
@@ -48,12 +66,13 @@ class Verbs:
         """Every id checked for permission first (all or nothing), then acted on alone."""
         for job_id in req.ids:
             job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
-            if job is not None and not self.api.access.may_act(peer, job):
+            if job is not None and not self.access.may_act(peer, job):
                 raise ProtocolError(protocol.FORBIDDEN, f"not allowed: {req.type} job {job_id}")
         results = []
         for job_id in req.ids:
             try:
-                results.append({"id": job_id, "ok": True, **await act(await self.api._job(job_id))})
+                done = await act(await find_job(self.engine, job_id))
+                results.append({"id": job_id, "ok": True, **done})
             except ProtocolError as exc:
                 results.append({"id": job_id, "ok": False, "error": exc.message})
         return {"ok": True, "results": results}
@@ -62,8 +81,8 @@ class Verbs:
         async def act(job: Job) -> dict[str, Any]:
             if not job.state.terminal:
                 raise ProtocolError(protocol.INVALID_STATE, f"is still {job.state.value}")
-            await self.api.check_after(job.spec.after)
-            new, _ = await self.api.enqueue([job.spec], job.spec.owner_uid)
+            await self.intake.check_after(job.spec.after)
+            new, _ = await self.intake.enqueue([job.spec], job.spec.owner_uid)
             return {"new_id": new[0]}
 
         return await self._each(req, peer, act)
@@ -76,7 +95,7 @@ class Verbs:
             # command waited for it, and the client hears what was done.
             verdict = (await self.engine.do(HoldJob(job.id, hold, peer.uid))).verdicts.get(job.id)
             if verdict is None:  # no longer in the table: it ended
-                ended = await self.api._job(job.id)
+                ended = await find_job(self.engine, job.id)
                 why = hold_refusal(ended, hold) or f"is {ended.state.value}"
                 raise ProtocolError(protocol.INVALID_STATE, why)
             if not verdict.ok:
@@ -86,9 +105,9 @@ class Verbs:
         return await self._each(req, peer, act)
 
     async def pause(self, peer: Peer, paused: bool) -> dict[str, Any]:
-        if peer.uid != os.geteuid() and not self.api.access.is_admin(peer.uid):
+        if peer.uid != os.geteuid() and not self.access.is_admin(peer.uid):
             raise ProtocolError(protocol.FORBIDDEN, "not allowed: only admins pause the queue")
-        marker = self.api.cfg.state_dir / PAUSED_FILE
+        marker = self.state_dir / PAUSED_FILE
         try:
             if not paused:
                 marker.unlink(missing_ok=True)
@@ -96,24 +115,24 @@ class Verbs:
                 _write_marker(marker, f"paused by uid {peer.uid} at {now_iso()}\n")
         except OSError as exc:  # the marker is what makes a pause outlive a restart
             raise StorageError(storage_reason(exc) or "cannot write", str(exc)) from None
-        self.api.dispatcher.set_paused(paused)
+        self.dispatcher.set_paused(paused)
         if paused:
             # The parked spawns are dropped before any Stop: a Stop the database refuses
             # now leaves its job's end to be recorded (`interrupted`) once it takes writes.
             with contextlib.suppress(StorageError):
-                await self.api.dispatcher.release_ahead("the queue was paused before it started")
-        self.api.dispatcher.poke()
+                await self.dispatcher.release_ahead("the queue was paused before it started")
+        self.dispatcher.poke()
         return {"ok": True, "paused": paused}
 
     def own_active(self, peer: Peer) -> tuple[int, ...]:
         return tuple(sorted(j.id for j in self.table.jobs.values() if j.spec.owner_uid == peer.uid))
 
     async def clean(self, req: Clean, peer: Peer) -> dict[str, Any]:
-        owner = None if self.api.access.is_admin(peer.uid) else peer.uid
+        owner = None if self.access.is_admin(peer.uid) else peer.uid
         ids = await jobrows.cleanable(self.store, owner, time.time() - req.older_than_s)
         if ids:
             await self.engine.do(Forget(tuple(ids)))
-        freed = joblogs.remove(self.api.logs_dir, ids)
+        freed = joblogs.remove(self.logs_dir, ids)
         return {"ok": True, "removed": ids, "freed_mb": -(-freed // (1 << 20))}
 
     # ---- run: a job tied to its client's connection ----------------------------------
@@ -130,7 +149,7 @@ class Verbs:
         draining: then the daemon, not the client, is going away."""
         ids = self.bound.pop(peer.conn, set())
         active = [i for i in sorted(ids) if i in self.table.jobs]
-        if not active or self.api.draining():
+        if not active or self.draining():
             return
         with anyio.move_on_after(CLOSE_CANCEL_S, shield=True):
             for job_id in active:

@@ -11,19 +11,19 @@ from typing import Any, Literal
 import anyio
 import structlog
 
-from supervisor.core.commands import Cancel, Changed, ProcessStarted, SubmitJobs
-from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.core.commands import Cancel, Changed, ProcessStarted
+from supervisor.core.jobs import Job, JobState
 from supervisor.core.records import Attempt
 from supervisor.core.table import Phase, waiting_ahead
 from supervisor.daemon import views
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.config import Config
 from supervisor.daemon.dispatcher import Dispatcher
-from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.engine import Engine
 from supervisor.daemon.requests.access import Access, forbidden
 from supervisor.daemon.requests.everyday import Verbs
+from supervisor.daemon.requests.intake import Intake, find_job
 from supervisor.daemon.requests.server import Peer
-from supervisor.daemon.requests.submit_specs import job_specs
 from supervisor.daemon.requests.waiting import Ends
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store import output_files as joblogs
@@ -85,17 +85,24 @@ class Api:
         self.starting: dict[int, list[anyio.Event]] = {}
         broker.subscribe(Changed, self._changed)
         broker.subscribe(ProcessStarted, lambda ev: self._wake(self.starting, ev.job_id))
-        self.card_count = card_count
-        self.card_vram_mb = card_vram_mb
         self.simple = simple
         self.logs_dir = cfg.state_dir / "logs"
-        # The per-user cap is counted and then filled: two submits must not both pass it.
-        self.submitting = anyio.Lock()
-        self.verbs = Verbs(self)
+        self.intake = Intake(
+            cfg, engine, book, access, card_count=card_count, card_vram_mb=card_vram_mb
+        )
+        self.verbs = Verbs(
+            engine,
+            access,
+            self.intake,
+            dispatcher,
+            state_dir=cfg.state_dir,
+            draining=self.draining,
+        )
 
     def reconfigure(self, cfg: Config) -> None:
         """A reloaded config: new submits take its defaults and limits."""
         self.cfg = cfg
+        self.intake.cfg = cfg
 
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:
@@ -132,7 +139,7 @@ class Api:
         if isinstance(req, Submit):
             return dict(await self.submit(req, peer))
         if isinstance(req, ArrayRef):
-            return await self.restart_array(req, peer)
+            return await self.intake.restart_array(req, peer)
         if isinstance(req, ListJobs):
             return dict(await self.list(req, peer))
         if isinstance(req, JobRef):
@@ -159,82 +166,14 @@ class Api:
 
     # ---- submit ---------------------------------------------------------------------
 
-    def _check_fits(self, req: Submit) -> None:
-        opts = req.options
-        cards = self.card_count()
-        if opts.gpus > cards:
-            hint = "; submit with --gpus 0 for a CPU-only job" if cards == 0 else ""
-            raise ProtocolError(
-                protocol.BAD_REQUEST,
-                f"asks for {opts.gpus} GPUs; this machine has {cards or 'none'}{hint}",
-            )
-        if opts.vram_mb is not None and opts.gpus and opts.vram_mb > self.card_vram_mb():
-            raise ProtocolError(
-                protocol.BAD_REQUEST,
-                f"asks for {opts.vram_mb} MiB of VRAM; the largest card has "
-                f"{self.card_vram_mb()} MiB",
-            )
-
-    async def _check_share(self, specs: list[JobSpec]) -> None:
-        """A shared job takes one card and must say how much of its VRAM, or have a
-        memory key whose earlier runs did."""
-        for spec in specs:
-            if not spec.share:
-                continue
-            if spec.gpus != 1:
-                raise ProtocolError(
-                    protocol.BAD_REQUEST, f"--share takes one GPU; this job asks for {spec.gpus}"
-                )
-            await self.book.load(spec.mem_key)
-            if self.book.vram_need(spec) is None:
-                raise ProtocolError(
-                    protocol.BAD_REQUEST,
-                    f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
-                )
-
-    async def check_after(self, after: tuple[int, ...]) -> None:
-        for parent in after:
-            if parent not in self.table.jobs and await self.store.get_job(parent) is None:
-                raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
-
-    def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
-        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog)
-
-    async def restart_array(self, req: ArrayRef, peer: Peer) -> dict[str, Any]:
-        """The array's failed indices (those whose newest job failed) as new jobs of it."""
-        self.access.may_submit(peer)
-        jobs = await self.store.list_jobs((), protocol.MAX_LIST, None, req.array)
-        if not jobs:
-            raise ProtocolError(protocol.NOT_FOUND, f"no array {req.array}")
-        newest: dict[int | None, Job] = {}
-        for job in sorted(jobs, key=lambda j: j.id):
-            newest[job.spec.array_index] = self.table.jobs.get(job.id, job)
-        failed = [j for j in newest.values() if j.state is JobState.FAILED]
-        for job in failed:
-            if not self.access.may_act(peer, job):
-                raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
-        if not failed:
-            return {"ok": True, "ids": []}
-        specs = [job.spec for job in failed]
-        async with self.submitting:
-            queued = await self.store.queued_count(peer.uid)
-            if queued + len(specs) > self.cfg.max_queued_per_user:
-                raise ProtocolError(
-                    protocol.LIMIT,
-                    f"uid {peer.uid} has {queued} active jobs; the limit is "
-                    f"{self.cfg.max_queued_per_user}",
-                )
-            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
-        return {"ok": True, "ids": ids}
-
     async def submit(self, req: Submit, peer: Peer) -> SubmitReply:
         self.access.may_submit(peer)
         if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
-        self._check_fits(req)
-        await self.check_after(req.options.after)
-        specs = self.specs(req, peer)
-        await self._check_share(specs)
+        self.intake.check_fits(req)
+        await self.intake.check_after(req.options.after)
+        specs = self.intake.specs(req, peer)
+        await self.intake.check_share(specs)
         if req.options.dry_run:
             out: list[JobJson] = []
             for spec in specs:
@@ -244,32 +183,10 @@ class Api:
                 out[-1]["id"] = None
             return {"ok": True, "jobs": out}
         rid = req.options.request_id
-        ids, repeated = await self.enqueue(specs, peer.uid, rid)
+        ids, repeated = await self.intake.enqueue(specs, peer.uid, rid)
         if req.options.run:  # a repeat too: a `run` client back after a restart re-ties it
             self.verbs.bind(peer, ids[0])
         return await self._committed(req, ids, repeated)
-
-    async def enqueue(
-        self, specs: list[JobSpec], uid: int, request_id: str | None = None
-    ) -> tuple[list[int], bool]:
-        """Queue new jobs of `uid`, within its cap of active jobs: their ids, and whether
-        `request_id` was seen before (then the ids are the first submit's, nothing new)."""
-        async with self.submitting:
-            if request_id is not None:
-                first = await self.store.request_ids(uid, request_id)
-                if first is not None:
-                    return first, True
-            queued = await self.store.queued_count(uid)
-            if queued + len(specs) > self.cfg.max_queued_per_user:
-                raise ProtocolError(
-                    protocol.LIMIT,
-                    f"uid {uid} has {queued} active jobs; the limit is "
-                    f"{self.cfg.max_queued_per_user}",
-                )
-            for key in {s.mem_key for s in specs}:
-                await self.book.load(key)
-            done = await self.engine.do(SubmitJobs(tuple(specs), request_id=request_id))
-            return submitted_ids(done), False
 
     async def _committed(self, req: Submit, ids: list[int], repeated: bool) -> SubmitReply:
         """The jobs made (or, for a repeat, the first submit's): the ids at least, never
@@ -298,10 +215,7 @@ class Api:
         )
 
     async def _job(self, job_id: int) -> Job:
-        job = self.table.jobs.get(job_id) or await self.store.get_job(job_id)
-        if job is None:
-            raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
-        return job
+        return await find_job(self.engine, job_id)
 
     async def list(self, req: ListJobs, peer: Peer) -> ListReply:
         since = None if req.recent_s is None else time.time() - req.recent_s

@@ -22,7 +22,7 @@ from supervisor.keeper.client import Connection, KeeperError
 from supervisor.keeper.journal import Key, Record
 
 if TYPE_CHECKING:
-    from supervisor.daemon.running.keepers import Keeper
+    from supervisor.daemon.running.keeper_calls import Keeper
 
 log = structlog.get_logger("gpusvd.keepers")
 

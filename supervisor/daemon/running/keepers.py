@@ -3,7 +3,7 @@
 One `Keeper` per keeper directory (`<state>/keepers/<name>`), one connection each,
 attached: a newer gpusvd's attach closes an older one's connection, and every exit is
 pushed to us once it is on the keeper's disk. A running attempt's handle is a
-`KeptProcess` (kept.py).
+`KeptProcess` (handles.py); the calls on one keeper are keeper_calls.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""New jobs in: a submit checked against the machine and the user's cap of active jobs,
+then queued through the engine; and the one way a request finds a job by id."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from supervisor.core.commands import SubmitJobs
+from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.daemon.config import Config
+from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.requests.access import Access, forbidden
+from supervisor.daemon.requests.server import Peer
+from supervisor.daemon.requests.submit_specs import job_specs
+from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.wire import protocol
+from supervisor.wire.protocol import ArrayRef, ProtocolError, Submit
+
+
+async def find_job(engine: Engine, job_id: int) -> Job:
+    """The job as the live table has it, else as stored; `not_found` when neither has it."""
+    job = engine.table.jobs.get(job_id) or await engine.store.get_job(job_id)
+    if job is None:
+        raise ProtocolError(protocol.NOT_FOUND, f"no job {job_id}")
+    return job
+
+
+class Intake:
+    def __init__(
+        self,
+        cfg: Config,
+        engine: Engine,
+        book: MemoryBook,
+        access: Access,
+        *,
+        card_count: Callable[[], int],
+        card_vram_mb: Callable[[], int],
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.book = book
+        self.access = access
+        self.card_count = card_count
+        self.card_vram_mb = card_vram_mb
+        # The per-user cap is counted and then filled: two submits must not both pass it.
+        self.submitting = anyio.Lock()
+
+    def check_fits(self, req: Submit) -> None:
+        opts = req.options
+        cards = self.card_count()
+        if opts.gpus > cards:
+            hint = "; submit with --gpus 0 for a CPU-only job" if cards == 0 else ""
+            raise ProtocolError(
+                protocol.BAD_REQUEST,
+                f"asks for {opts.gpus} GPUs; this machine has {cards or 'none'}{hint}",
+            )
+        if opts.vram_mb is not None and opts.gpus and opts.vram_mb > self.card_vram_mb():
+            raise ProtocolError(
+                protocol.BAD_REQUEST,
+                f"asks for {opts.vram_mb} MiB of VRAM; the largest card has "
+                f"{self.card_vram_mb()} MiB",
+            )
+
+    async def check_share(self, specs: list[JobSpec]) -> None:
+        """A shared job takes one card and must say how much of its VRAM, or have a
+        memory key whose earlier runs did."""
+        for spec in specs:
+            if not spec.share:
+                continue
+            if spec.gpus != 1:
+                raise ProtocolError(
+                    protocol.BAD_REQUEST, f"--share takes one GPU; this job asks for {spec.gpus}"
+                )
+            await self.book.load(spec.mem_key)
+            if self.book.vram_need(spec) is None:
+                raise ProtocolError(
+                    protocol.BAD_REQUEST,
+                    f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
+                )
+
+    async def check_after(self, after: tuple[int, ...]) -> None:
+        for parent in after:
+            known = parent in self.engine.table.jobs
+            if not known and await self.engine.store.get_job(parent) is None:
+                raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
+
+    def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
+        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog)
+
+    async def _within_cap(self, uid: int, adding: int) -> None:
+        queued = await self.engine.store.queued_count(uid)
+        if queued + adding > self.cfg.max_queued_per_user:
+            raise ProtocolError(
+                protocol.LIMIT,
+                f"uid {uid} has {queued} active jobs; the limit is {self.cfg.max_queued_per_user}",
+            )
+
+    async def enqueue(
+        self, specs: list[JobSpec], uid: int, request_id: str | None = None
+    ) -> tuple[list[int], bool]:
+        """Queue new jobs of `uid`, within its cap of active jobs: their ids, and whether
+        `request_id` was seen before (then the ids are the first submit's, nothing new)."""
+        async with self.submitting:
+            if request_id is not None:
+                first = await self.engine.store.request_ids(uid, request_id)
+                if first is not None:
+                    return first, True
+            await self._within_cap(uid, len(specs))
+            for key in {s.mem_key for s in specs}:
+                await self.book.load(key)
+            done = await self.engine.do(SubmitJobs(tuple(specs), request_id=request_id))
+            return submitted_ids(done), False
+
+    async def restart_array(self, req: ArrayRef, peer: Peer) -> dict[str, Any]:
+        """The array's failed indices (those whose newest job failed) as new jobs of it."""
+        self.access.may_submit(peer)
+        jobs = await self.engine.store.list_jobs((), protocol.MAX_LIST, None, req.array)
+        if not jobs:
+            raise ProtocolError(protocol.NOT_FOUND, f"no array {req.array}")
+        newest: dict[int | None, Job] = {}
+        for job in sorted(jobs, key=lambda j: j.id):
+            newest[job.spec.array_index] = self.engine.table.jobs.get(job.id, job)
+        failed = [j for j in newest.values() if j.state is JobState.FAILED]
+        for job in failed:
+            if not self.access.may_act(peer, job):
+                raise forbidden(f"job {job.id} belongs to uid {job.spec.owner_uid}")
+        if not failed:
+            return {"ok": True, "ids": []}
+        specs = [job.spec for job in failed]
+        async with self.submitting:
+            await self._within_cap(peer.uid, len(specs))
+            ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
+        return {"ok": True, "ids": ids}
