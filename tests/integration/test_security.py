@@ -7,7 +7,6 @@ them; they need root and skip elsewhere.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -33,6 +32,7 @@ from supervisor.daemon.views import PUBLIC_FIELDS
 from supervisor.wire import protocol
 
 from .conftest import Daemon
+from .unprivileged import copy_code
 
 CODES = {
     protocol.BAD_JSON,
@@ -267,21 +267,6 @@ def test_a_second_daemon_on_the_socket_leaves_the_first_ones_jobs_alone(daemon: 
 
 # ---- several Unix users ---------------------------------------------------------------
 
-RUNTIME_DEPS = (
-    "anyio",
-    "aiosqlite",
-    "psutil",
-    "structlog",
-    "sdnotify",
-    "logging_journald",
-    "prometheus_client",
-    "pynvml",
-    "typing_extensions",
-    "regex",
-    "idna",
-    "sniffio",
-)
-
 
 @dataclass
 class User:
@@ -369,29 +354,6 @@ def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=60)
 
 
-def _copy_code(dest: Path) -> None:
-    """gpusv and its runtime dependencies where other users can read them: this
-    interpreter and its packages may sit under a directory that only root may enter."""
-    import supervisor
-
-    shutil.copytree(
-        Path(supervisor.__file__).parent,
-        dest / "supervisor",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in RUNTIME_DEPS:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            continue
-        if spec.submodule_search_locations:
-            src = Path(next(iter(spec.submodule_search_locations)))
-            shutil.copytree(src, dest / src.name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(spec.origin, dest)
-    for path in [dest, *dest.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
 def _python_for(users: Users) -> str | None:
     """An interpreter (3.11+) that an ordinary user may run, with the copied code."""
     for candidate in (
@@ -434,7 +396,7 @@ def users() -> Iterator[Users]:
             members.append(_add_user(f"{group}{suffix}", groups))
             made.append(members[-1].name)
         shared.chmod(0o755)
-        _copy_code(shared / "code")
+        copy_code(shared / "code")
         member, other_member, outsider = members
         result = Users(
             group, grp.getgrnam(group).gr_gid, member, other_member, outsider, shared, ""

@@ -44,6 +44,7 @@ RUNTIME_DEPS = (
     "psutil",
     "structlog",
     "sdnotify",
+    "logging_journald",
     "prometheus_client",
     "pynvml",
     "typing_extensions",
@@ -102,7 +103,7 @@ def ensure_user(name: str = USER) -> pwd.struct_passwd:
 def copy_code(dest: Path) -> None:
     """gpusv and its runtime dependencies where other users can read them: this
     interpreter and its packages may sit under a directory that only root may enter.
-    Compiled here, since the user may not write the copy's __pycache__."""
+    Compile the copy before a user runs it: the user may not write its __pycache__."""
     import supervisor
 
     shutil.copytree(
