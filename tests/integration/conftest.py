@@ -91,11 +91,15 @@ class Daemon:
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         return Client(self.socket).call(request)
 
+    def cli_argv(self) -> list[str]:
+        """`gpusv` up to its arguments."""
+        return [sys.executable, "-m", "supervisor.client.cli", "--socket", str(self.socket)]
+
     def cli(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor.client.cli", "--socket", str(self.socket), *args],
+            [*self.cli_argv(), *args],
             capture_output=True,
             text=True,
             input=input,

@@ -230,24 +230,9 @@ class OwnDaemon(Daemon):
         finally:
             client.reset()
 
-    def cli(
-        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
+    def cli_argv(self) -> list[str]:
         """`gpusv` as the user, with no --socket: it finds the daemon by $XDG_RUNTIME_DIR."""
-        result = subprocess.run(
-            [*self.user.prefix(), self.python, "-m", "supervisor.client.cli", *args],
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=timeout,
-            env=self.env,
-            cwd=self.root,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(
-                f"gpusv {' '.join(args)} exited {result.returncode}: {result.stderr}"
-            )
-        return result
+        return [*self.user.prefix(), self.python, "-m", "supervisor.client.cli"]
 
 
 def make_own(user: OwnUser) -> Iterator[Callable[..., OwnDaemon]]:
