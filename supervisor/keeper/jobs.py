@@ -29,6 +29,7 @@ from .answers import Refused as Refused
 from .answers import Reply as Reply
 from .answers import spawn_error
 from .journal import Journal, Key, Record
+from .oom_adj import write_oom_score_adj
 from .spawn import Spec, transient
 
 KILL_POLL_S = 0.02
@@ -383,19 +384,7 @@ class Jobs:
         return cgroup.memory(self.groups(self._known(key)))
 
     def set_oom_score_adj(self, key: Key, value: int) -> list[str]:
-        """Every process of the job, not only the leader: the kernel ranks each alone."""
-        failures = []
-        for pid in self.procs(key):
-            try:
-                fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, str(value).encode())
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                if not isinstance(exc, ProcessLookupError | FileNotFoundError):
-                    failures.append(f"pid {pid}: {exc.strerror}")
-        return failures
+        return write_oom_score_adj(self.procs(key), value)
 
     def _known(self, key: Key) -> Record:
         record = self.journal.records.get(key)

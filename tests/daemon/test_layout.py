@@ -101,3 +101,13 @@ def test_nothing_outside_the_daemon_imports_it() -> None:
         if _room(target) is not None
     ]
     assert sorted(wrong) == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    # One concept a module: past this, a module has become two and wants a split.
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in ROOT.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 400
+    }
+    assert long == {}
