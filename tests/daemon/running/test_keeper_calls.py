@@ -17,21 +17,7 @@ from supervisor.keeper.client import KeeperError
 from supervisor.keeper.journal import record_from
 from supervisor.wire.framing import MAX_KEEPER_LINE
 
-
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.closed = False
-        self.sent: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.sent.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
+from .transport import Transport
 
 
 def _keeper() -> tuple[keepers.Keeper, Transport]:

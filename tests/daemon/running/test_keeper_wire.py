@@ -12,21 +12,7 @@ import pytest
 from supervisor.daemon.running import keeper_calls, keeper_wire, keepers
 from supervisor.daemon.running.keeper_wire import Wire
 
-
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.closed = False
-        self.sent: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.sent.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
+from .transport import Transport
 
 
 def wire() -> tuple[Wire, list[dict[str, Any]], Transport]:
