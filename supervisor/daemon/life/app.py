@@ -81,7 +81,7 @@ async def build(cfg: Config, load_config: Callable[[], Config] | None = None) ->
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, 0o700)
     lock_state_dir(state)
-    (state / "logs").mkdir(exist_ok=True)
+    joblogs.logs_dir(state).mkdir(exist_ok=True)
     await wait_for_space(
         state,
         Notifier(),
@@ -145,7 +145,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         broker,
         hangs,
         monitor,
-        logs_dir=state / "logs",
+        logs_dir=joblogs.logs_dir(state),
         abort=deadman.call,
         keepers=keepers,
     )

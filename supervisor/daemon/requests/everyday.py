@@ -56,7 +56,7 @@ class Verbs:
         self.intake = intake
         self.dispatcher = dispatcher
         self.state_dir = state_dir
-        self.logs_dir = state_dir / "logs"
+        self.logs_dir = joblogs.logs_dir(state_dir)
         self.draining = draining
         self.bound: dict[int, set[int]] = {}  # connection -> its `run` jobs
 

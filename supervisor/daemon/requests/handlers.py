@@ -86,7 +86,7 @@ class Api:
         broker.subscribe(Changed, self._changed)
         broker.subscribe(ProcessStarted, lambda ev: self._wake(self.starting, ev.job_id))
         self.simple = simple
-        self.logs_dir = cfg.state_dir / "logs"
+        self.logs_dir = joblogs.logs_dir(cfg.state_dir)
         self.intake = Intake(
             cfg, engine, book, access, card_count=card_count, card_vram_mb=card_vram_mb
         )

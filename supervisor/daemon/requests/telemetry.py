@@ -134,7 +134,7 @@ class Telemetry:
             "gpu_hangs_by_job": await _counts(store, "job_id"),
             "held": self.table.held_counts(),
             "deadman_fires": len(await store.daemon_events("deadman")),
-            "logs": await joblogs.disk_use(self.cfg.state_dir / "logs"),
+            "logs": await joblogs.disk_use(joblogs.logs_dir(self.cfg.state_dir)),
         }
 
     async def stats(self, peer: Peer) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import structlog
 
 from supervisor.core.jobs import Job
 from supervisor.core.records import Attempt, Event
+from supervisor.daemon.store import output_files
 from supervisor.daemon.store.guard import (
     IdMark,
     StoreOpenError,
@@ -56,7 +57,7 @@ class Store(Writer):
     async def open(cls, path: Path) -> Store:
         """Open, check and migrate the database; StoreOpenError (one line) when it
         cannot be used, with no thread left behind to keep the process alive."""
-        logs_dir = path.parent / "logs"
+        logs_dir = output_files.logs_dir(path.parent)
         check_database_file(path, logs_dir)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

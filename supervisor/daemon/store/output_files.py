@@ -39,6 +39,11 @@ _READ_BACK = 64 * 1024
 _NAME = re.compile(r"^(\d+)\.(?:out|err)$")
 
 
+def logs_dir(state_dir: Path) -> Path:
+    """Where the jobs' output files live: one `ID.out` and `ID.err` each."""
+    return state_dir / "logs"
+
+
 def header(job_id: int, attempt: int, started_at: str) -> bytes:
     """The line between two attempts' output in the same file."""
     return f"\n--- gpusv: job {job_id}, attempt {attempt}, started {started_at} ---\n".encode()
@@ -208,12 +213,10 @@ async def retention_task(
     """Delete finished jobs' logs older than logs.retention, at start and then hourly. A
     sweep that fails (no descriptor left, the directory unreadable) is tried again
     later: a housekeeping chore must never take the daemon down."""
-    logs_dir, retention_s = cfg.state_dir / "logs", cfg.logs.retention
+    folder, retention_s = logs_dir(cfg.state_dir), cfg.logs.retention
     while True:
         try:
-            gone = await anyio.to_thread.run_sync(
-                sweep, logs_dir, active(), time.time(), retention_s
-            )
+            gone = await anyio.to_thread.run_sync(sweep, folder, active(), time.time(), retention_s)
         except OSError as exc:
             log.warning("old job logs not swept; trying again", error=str(exc), in_s=retry_s)
             await anyio.sleep(retry_s)
