@@ -25,7 +25,7 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
     parts.phase = DaemonPhase.DRAINING
     parts.dispatcher.drain()
     parts.notifier.stopping()
-    parts.server.remove_socket = True  # a stopped daemon is not coming back
+    parts.server.leave_for_good()
     table = parts.engine.table
     log.info("draining", running=len(table.live))
     grace = parts.cfg.jobs.kill_grace_s

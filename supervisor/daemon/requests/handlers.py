@@ -102,7 +102,7 @@ class Api:
     def reconfigure(self, cfg: Config) -> None:
         """A reloaded config: new submits take its defaults and limits."""
         self.cfg = cfg
-        self.intake.cfg = cfg
+        self.intake.reconfigure(cfg)
 
     def _changed(self, ev: Changed) -> None:
         if ev.new.state.terminal:

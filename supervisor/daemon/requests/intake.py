@@ -48,6 +48,10 @@ class Intake:
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
 
+    def reconfigure(self, cfg: Config) -> None:
+        """A reloaded config: new jobs take its defaults and limits."""
+        self.cfg = cfg
+
     def check_fits(self, req: Submit) -> None:
         opts = req.options
         cards = self.card_count()

@@ -181,6 +181,10 @@ class Server:
         self.held.max_total, self.held.max_per_user = max_connections, max_per_user
         self.idle_timeout_s = idle_timeout_s
 
+    def leave_for_good(self) -> None:
+        """A stop: the socket goes with the daemon, since none is coming back."""
+        self.remove_socket = True
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await bind(self.path, self.mode, self.group)
         log.info("listening", socket=str(self.path), mode=oct(self.mode))
