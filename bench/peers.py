@@ -1,0 +1,207 @@
+"""gpusv beside its peers, in one run: `python -m bench.peers [--jobs 1000] [--rounds 2]`.
+
+The same N trivial jobs (`true`) on the same machine, two at a time:
+- gpusv: one `gpusv submit --batch -` on 2 simulated cards, one job per card, durability
+  (SQLite, synchronous=FULL) and per-job output files on, as a user runs it;
+- Task Spooler: its CLI loop (`tsp true` per job, `tsp -S 2`), as its users run it;
+- HyperQueue: the PyPI package `hyperqueue` in the benchmark's own environment
+  (`.bench-venv`, made here on first use, never a dependency of gpusv), its Rust server and
+  one 2-core worker started by `LocalCluster`, the N jobs as one job of N tasks;
+- the floor: N `true` started by posix_spawn from one Python process, two at a time,
+  with nothing recorded: what fork/exec alone allows here.
+The systems take turns round by round, so the machine's drift falls on all alike; each
+figure is the median of the rounds. Prints one table with each system's jobs/s, its
+ratio to the best peer, and CPU per job (the whole machine's, and for gpusv the daemon's
+and its keepers'); writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.daemon.running import keeper_processes
+
+from .harness import BenchDaemon, machine_cpu_s
+from .jobs import measure_throughput
+from .tsp import measure_tsp
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_VENV = REPO / ".bench-venv"
+HQ_SCRIPT = Path(__file__).with_name("hq_jobs.py")
+SLOTS = 2
+
+
+def bench_python() -> Path:
+    """The benchmark's own environment, with HyperQueue from PyPI; made once."""
+    python = BENCH_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
+    probe = subprocess.run([str(python), "-c", "import hyperqueue"], capture_output=True)
+    if probe.returncode != 0:
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "hyperqueue"], check=True)
+    return python
+
+
+def measure_hyperqueue(jobs: int) -> dict[str, Any]:
+    try:
+        python = bench_python()
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"skipped": f"hyperqueue could not be installed in {BENCH_VENV}: {e}"}
+    done = subprocess.run(
+        [str(python), str(HQ_SCRIPT), str(jobs), str(SLOTS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"skipped": f"hyperqueue run failed: {done.stderr.strip()[-300:]}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def measure_floor(jobs: int) -> dict[str, Any]:
+    """posix_spawn and wait, SLOTS at a time: the start of a process and nothing else."""
+    true = shutil.which("true") or "/bin/true"
+    machine0, began = machine_cpu_s(), time.perf_counter()
+    running: set[int] = set()
+    for _ in range(jobs):
+        if len(running) == SLOTS:
+            pid, _status = os.wait()
+            running.discard(pid)
+        running.add(os.posix_spawn(true, [true], os.environ))
+    while running:
+        pid, _status = os.wait()
+        running.discard(pid)
+    wall = time.perf_counter() - began
+    return {
+        "jobs": jobs,
+        "wall_s": round(wall, 3),
+        "jobs_per_s": round(jobs / wall, 1),
+        "machine_cpu_s": round(machine_cpu_s() - machine0, 3),
+    }
+
+
+def _keepers_cpu_s(d: BenchDaemon) -> float:
+    total = 0.0
+    for proc in keeper_processes.keeper_processes(d.state / "keepers"):
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def measure_gpusv(root: Path, jobs: int) -> dict[str, Any]:
+    with BenchDaemon(root, gpus=f"{SLOTS}x24G") as d:
+        d.start()
+        measure_throughput(d, min(jobs, 100), gpus=1)  # keepers up, first imports done
+        keepers0 = _keepers_cpu_s(d)
+        result = measure_throughput(d, jobs, gpus=1)
+        keepers = _keepers_cpu_s(d) - keepers0
+    result["keeper_cpu_ms_per_job"] = round(1000 * keepers / jobs, 3)
+    return result
+
+
+SYSTEMS = ("gpusv", "tsp", "hyperqueue", "floor")
+PEERS = ("tsp", "hyperqueue")
+
+
+def _once(name: str, root: Path, jobs: int) -> dict[str, Any]:
+    if name == "gpusv":
+        return measure_gpusv(root, jobs)
+    if name == "tsp":
+        return measure_tsp(root, jobs, slots=SLOTS)
+    if name == "hyperqueue":
+        return measure_hyperqueue(jobs)
+    return measure_floor(jobs)
+
+
+def summarise(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each system's medians, and gpusv's jobs/s over each peer's and over the best."""
+    out: dict[str, Any] = {}
+    for name, runs in rounds.items():
+        ok = [r for r in runs if "skipped" not in r]
+        if not ok:
+            out[name] = {"skipped": runs[0]["skipped"] if runs else "not run"}
+            continue
+        med: dict[str, Any] = {"runs": len(ok)}
+        for key in ok[0]:
+            values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+            if values and key not in ("jobs", "cores", "slots", "gpus_per_job"):
+                med[key] = round(statistics.median(values), 3)
+        med["machine_cpu_ms_per_job"] = round(1000 * med["machine_cpu_s"] / ok[0]["jobs"], 3)
+        out[name] = med
+    rates = {p: out[p]["jobs_per_s"] for p in PEERS if "jobs_per_s" in out.get(p, {})}
+    if "jobs_per_s" in out.get("gpusv", {}) and rates:
+        mine = out["gpusv"]["jobs_per_s"]
+        out["ratios"] = {f"gpusv/{p}": round(mine / r, 2) for p, r in rates.items()}
+        out["ratios"]["gpusv/best_peer"] = round(mine / max(rates.values()), 2)
+    return out
+
+
+def table(summary: dict[str, Any]) -> str:
+    best = max(
+        (summary[p]["jobs_per_s"] for p in PEERS if "jobs_per_s" in summary.get(p, {})),
+        default=None,
+    )
+    lines = [f"{'system':<12} {'jobs/s':>8} {'x best peer':>12} {'machine ms/job':>15}  notes"]
+    for name in SYSTEMS:
+        s = summary.get(name, {})
+        if "skipped" in s or not s:
+            lines.append(f"{name:<12} {'-':>8} {'-':>12} {'-':>15}  {s.get('skipped', '')}")
+            continue
+        ratio = f"{s['jobs_per_s'] / best:.2f}" if best else "-"
+        notes = ""
+        if name == "gpusv":
+            notes = (
+                f"daemon {s['daemon_cpu_ms_per_job']:.2f} ms/job, "
+                f"keepers {s['keeper_cpu_ms_per_job']:.2f} ms/job"
+            )
+        lines.append(
+            f"{name:<12} {s['jobs_per_s']:>8.0f} {ratio:>12} "
+            f"{s['machine_cpu_ms_per_job']:>15.2f}  {notes}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__)
+    p.add_argument("--jobs", type=int, default=1000, help="trivial jobs per system per round")
+    p.add_argument("--rounds", type=int, default=2, help="rounds; the systems take turns")
+    p.add_argument("--out", type=Path, default=Path("bench/results/peers.json"))
+    a = p.parse_args(argv)
+    if a.jobs < 1 or a.rounds < 1:
+        p.error("--jobs and --rounds must be at least 1")
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    with tempfile.TemporaryDirectory(prefix="gpusv-peers-") as tmp:
+        for i in range(a.rounds):
+            for name in SYSTEMS:
+                root = Path(tmp) / f"{name}-{i}"
+                rounds[name].append(_once(name, root, a.jobs))
+                sys.stderr.write(f"peers: round {i + 1} {name}: {rounds[name][-1]}\n")
+    summary = summarise(rounds)
+    machine = {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
+    result = {"machine": machine, "jobs": a.jobs, "rounds": rounds, "summary": summary}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(summary))
+    print(f"\nwritten: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The peers' table: medians, ratios to the best peer, a skipped peer said as such."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import peers
+
+
+def _gpusv(rate: float) -> dict[str, Any]:
+    return {
+        "jobs": 100,
+        "jobs_per_s": rate,
+        "machine_cpu_s": 0.5,
+        "daemon_cpu_ms_per_job": 0.4,
+        "keeper_cpu_ms_per_job": 0.3,
+    }
+
+
+def test_medians_and_ratios_against_the_best_peer() -> None:
+    rounds = {
+        "gpusv": [_gpusv(600), _gpusv(400), _gpusv(500)],
+        "tsp": [{"jobs": 100, "jobs_per_s": 250, "machine_cpu_s": 1.0}],
+        "hyperqueue": [{"jobs": 100, "jobs_per_s": 400, "machine_cpu_s": 2.0}],
+        "floor": [{"jobs": 100, "jobs_per_s": 2000, "machine_cpu_s": 0.2}],
+    }
+    s = peers.summarise(rounds)
+    assert s["gpusv"]["jobs_per_s"] == 500
+    assert s["gpusv"]["machine_cpu_ms_per_job"] == 5.0
+    assert s["ratios"] == {"gpusv/tsp": 2.0, "gpusv/hyperqueue": 1.25, "gpusv/best_peer": 1.25}
+    text = peers.table(s)
+    assert "gpusv             500         1.25" in text
+    assert "daemon 0.40 ms/job, keepers 0.30 ms/job" in text
+    assert "floor            2000         5.00" in text
+
+
+def test_a_skipped_peer_is_said_and_left_out_of_the_ratios() -> None:
+    rounds: dict[str, list[dict[str, Any]]] = {
+        "gpusv": [_gpusv(300)],
+        "tsp": [{"jobs": 100, "jobs_per_s": 200, "machine_cpu_s": 1.0}],
+        "hyperqueue": [{"skipped": "hyperqueue could not be installed"}],
+        "floor": [],
+    }
+    s = peers.summarise(rounds)
+    assert s["ratios"] == {"gpusv/tsp": 1.5, "gpusv/best_peer": 1.5}
+    text = peers.table(s)
+    assert "hyperqueue could not be installed" in text
+    assert "floor" in text and "not run" in text
+
+
+def test_the_floor_starts_every_process() -> None:
+    floor = peers.measure_floor(20)
+    assert floor["jobs"] == 20 and floor["jobs_per_s"] > 0
