@@ -178,5 +178,5 @@ def show_lines(job: dict[str, Any]) -> list[str]:
 
 def _assigned(job: dict[str, Any]) -> str:
     gpus, pinned = job.get("gpus") or [], job.get("cards")
-    text = f" of cards {','.join(map(str, pinned))} only" if pinned is not None else ""
+    text = f", only on cards {','.join(map(str, pinned))}" if pinned is not None else ""
     return text + (f", assigned {','.join(map(str, gpus))}" if gpus else "")

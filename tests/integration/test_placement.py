@@ -43,7 +43,7 @@ def test_pinned_jobs_run_on_their_cards_or_wait_for_them(
     assert "PINNED" in d.cli("gpus").stdout
     listed = {j["id"]: j for j in cli_json(d, "list")}
     assert listed[waiter]["cards"] == [1]
-    assert "of cards 1 only" in d.cli("show", str(waiter)).stdout
+    assert "1 asked, only on cards 1" in d.cli("show", str(waiter)).stdout
     d.cli("cancel", str(blocker))
     assert d.wait_done(waiter)["gpus"] == [1]
 
