@@ -5,6 +5,8 @@ submit's --cards / --not-cards resolve to."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.core import pinning
 from supervisor.core.admission import (
@@ -124,3 +126,29 @@ def test_refusal() -> None:
     assert pinning.refusal(2, (0, 1)) is None
     assert pinning.refusal(3, (0, 1)) == "asks for 3 GPUs but may use only 2 (cards 0, 1)"
     assert "--gpus 0" in (pinning.refusal(0, (0,)) or "")
+
+
+@given(
+    busy=st.sets(st.integers(0, 3)),
+    jobs=st.lists(
+        st.tuples(
+            st.integers(1, 3),
+            st.none() | st.sets(st.integers(0, 3), min_size=1).map(lambda s: tuple(sorted(s))),
+        ),
+        max_size=6,
+    ),
+)
+def test_no_job_ever_lands_off_its_cards_and_no_card_is_given_twice(
+    busy: set[int], jobs: list[tuple[int, tuple[int, ...] | None]]
+) -> None:
+    cands = [pinned(i + 1, pins, gpus=n) for i, (n, pins) in enumerate(jobs)]
+    out = run(cands, cards(*busy))
+    given_out: list[int] = []
+    for start in out.starts:
+        gpus, pins = jobs[start.job_id - 1]
+        assert len(start.gpus) == gpus and not set(start.gpus) & busy
+        assert pins is None or set(start.gpus) <= set(pins)
+        given_out += start.gpus
+    assert len(given_out) == len(set(given_out))
+    for hold in out.holds:
+        assert (hold.reason == "cards") == (jobs[hold.job_id - 1][1] is not None)
