@@ -47,6 +47,8 @@ FLAGS = {
     "priority": "--priority",
     "after": "--after",
     "time_limit_s": "--time",
+    "cards": "--cards",
+    "not_cards": "--not-cards",
     "timeout_s": "--timeout",
     "older_than_s": "--older-than",
     "tail_lines": "--tail",

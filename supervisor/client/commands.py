@@ -242,6 +242,28 @@ def cmd_verb(client: Client, a: argparse.Namespace) -> int:
     return _results(client.call({"type": a.verb, "ids": a.ids}), a, text)
 
 
+def cmd_update(client: Client, a: argparse.Namespace) -> int:
+    """New priority, time limit or cards for queued jobs: per-job results, like hold."""
+    from supervisor.client.submitting import parse_cards
+
+    request: dict[str, Any] = {"type": "update", "ids": a.ids}
+    if a.priority is not None:
+        request["priority"] = a.priority
+    if a.time is not None:
+        request["time_limit_s"] = parse_duration(a.time, "--time")
+        if request["time_limit_s"] == 0:
+            raise ConfigError("--time: must be more than 0")
+    if a.cards is not None:
+        request["cards"] = [] if a.cards == "all" else parse_cards(a.cards, "--cards")
+    if len(request) == 2:
+        raise ConfigError("update needs --priority, --time or --cards")
+    reply = client.call(request)
+    for r in reply["results"]:
+        if r["ok"]:
+            r["state"] = "updated" if r.pop("updated") else "unchanged"
+    return _results(reply, a, "{id} {state}")
+
+
 def cmd_pause(client: Client, a: argparse.Namespace) -> int:
     reply = client.call({"type": a.verb})
     sys.stdout.write("paused: no new job starts\n" if reply["paused"] else "resumed\n")
@@ -283,11 +305,12 @@ def cmd_gpus(client: Client, a: argparse.Namespace) -> int:
             f"{render.size_text(g['vram_used_mb'])} / {render.size_text(g['vram_total_mb'])}",
             health_text(g),
             ",".join(map(str, g["running_jobs"])) or "-",
+            ",".join(map(str, g.get("pinned_jobs") or [])) or "-",
             str(g["gpu_hangs"]),
         ]
         for g in gpus
     ]
-    header = ["GPU", "BUS ID", "NAME", "UTIL", "VRAM", "HEALTH", "JOBS", "HANGS"]
+    header = ["GPU", "BUS ID", "NAME", "UTIL", "VRAM", "HEALTH", "JOBS", "PINNED", "HANGS"]
     _lines(render.table(rows, header))
     _lines(allocation_notes(gpus))
     return 0

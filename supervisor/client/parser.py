@@ -98,6 +98,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="wall-time limit per run (90, 90s, 15m, 2h, 1d): then stopped, reason timeout",
     )
+    p.add_argument("--cards", metavar="LIST", help="run only on these cards, e.g. 0,2-3")
+    p.add_argument("--not-cards", dest="not_cards", metavar="LIST", help="never on these cards")
 
 
 def _add_submit(sub: Any) -> None:
@@ -183,6 +185,13 @@ def _add_actions(sub: Any) -> None:
         if verb == "restart":
             s.add_argument("--array", type=int, metavar="A", help="with --failed: of array A")
             s.add_argument("--failed", action="store_true", help="the array's failed indices")
+    s = sub.add_parser("update", help="change queued jobs: priority, time limit, cards")
+    _ids(s)
+    s.add_argument("--priority", type=int, metavar="N", help="higher starts first")
+    s.add_argument("--time", metavar="DURATION", help="wall-time limit per run (90, 15m, 2h)")
+    s.add_argument("--cards", metavar="LIST", help="run only on these cards (all: any card)")
+    _json(s)
+    s.set_defaults(fn="commands.cmd_update")
     for verb, text in (
         ("pause", "start no new job (running ones go on)"),
         ("resume", "start jobs again"),

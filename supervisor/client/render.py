@@ -177,5 +177,6 @@ def show_lines(job: dict[str, Any]) -> list[str]:
 
 
 def _assigned(job: dict[str, Any]) -> str:
-    gpus = job.get("gpus") or []
-    return f", assigned {','.join(map(str, gpus))}" if gpus else ""
+    gpus, pinned = job.get("gpus") or [], job.get("cards")
+    text = f", only on cards {','.join(map(str, pinned))}" if pinned is not None else ""
+    return text + (f", assigned {','.join(map(str, gpus))}" if gpus else "")

@@ -107,6 +107,36 @@ def parse_after(values: list[str] | None) -> list[int] | None:
     return ids
 
 
+def parse_cards(text: str | None, flag: str) -> list[int] | None:
+    """ "0,2-3" -> [0, 2, 3]: card indices, each once, as `--cards` and `--not-cards` take
+    them."""
+    if text is None:
+        return None
+    cards: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ConfigError(f"{flag}: {part.strip()!r} is not a card index or a range like 0-3")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first or last > 4095:
+            raise ConfigError(f"{flag}: {part.strip()!r} is not a range of card indices")
+        cards.update(range(first, last + 1))
+    return sorted(cards)
+
+
+def _pins(a: Any) -> dict[str, Any]:
+    """--cards and --not-cards, checked as far as the client can without the machine."""
+    cards = parse_cards(a.cards, "--cards")
+    not_cards = parse_cards(a.not_cards, "--not-cards")
+    if (cards is not None or not_cards is not None) and a.gpus == 0:
+        raise ConfigError("--cards/--not-cards apply to GPU jobs, not to --gpus 0")
+    if cards is not None:
+        left = set(cards) - set(not_cards or ())
+        if len(left) < a.gpus:
+            raise ConfigError(f"--gpus {a.gpus}, but --cards leaves only {len(left)} card(s)")
+    return {"cards": cards, "not_cards": not_cards}
+
+
 def _seconds(text: str | None, flag: str) -> float | None:
     return None if text is None else parse_duration(text, flag)
 
@@ -136,6 +166,7 @@ def job_options(a: Any) -> dict[str, Any]:
         "after": parse_after(a.after),
         "time_limit_s": _seconds(a.time, "--time"),
         "share": a.share or None,
+        **_pins(a),
     }
     if options["time_limit_s"] == 0:
         raise ConfigError("--time: must be more than 0")

@@ -12,15 +12,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from supervisor.core import pinning
 from supervisor.core.projection import Projection
 
-HoldReason = Literal["host_ram", "vram", "gpus", "cpu", "array"]
+HoldReason = Literal["host_ram", "vram", "gpus", "cpu", "array", "cards"]
 _WAITING_FOR = {
     "array": "its array's cap",
     "host_ram": "host RAM",
     "vram": "VRAM",
     "gpus": "free GPUs",
     "cpu": "a free CPU slot",
+    "cards": "its cards",
 }
 
 
@@ -62,6 +64,7 @@ class Candidate:
     share: bool = False  # one card, with other shared jobs while its VRAM fits
     array: int | None = None
     cap: int | None = None  # at most this many of its array run at once
+    cards: tuple[int, ...] | None = None  # pinned: only these cards (None: any)
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ class _Barrier:
     def blocks(self, cand: Candidate) -> bool:
         if self.reason == "cpu":
             return cand.gpus == 0
-        if self.reason in ("gpus", "vram"):
+        if self.reason in ("gpus", "vram", "cards"):
             return cand.gpus > 0
         # Waiting for RAM: only what would take RAM competes. A job with no figure is
         # booked at nothing, so it takes none of what the barrier waits for.
@@ -210,7 +213,7 @@ class _Pool:
         self,
         idle_vram: dict[int, int],
         shared_vram: dict[int, int],
-        healthy_vram: list[int],
+        healthy_vram: dict[int, int],
         cpu_free: int,
         ram_free: int,
         running_any: bool,
@@ -237,7 +240,7 @@ class _Pool:
                 idle[c.index] = free
             elif all(j in shared for j in c.running):
                 company[c.index] = free
-        healthy = [c.vram_total_mb for c in cards if c.healthy]
+        healthy = {c.index: c.vram_total_mb for c in cards if c.healthy}
         ram_free = free_for_new_mb(host, running)
         return cls(idle, company, healthy, cpu_free, ram_free, bool(running))
 
@@ -246,7 +249,7 @@ class _Pool:
         return not self.idle_vram and not room and self.cpu_free <= 0
 
     def possible(self, cand: Candidate) -> bool:
-        return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram)
+        return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram, cand.cards)
 
     def evaluate(self, cand: Candidate) -> tuple[int, ...] | Hold:
         """The cards the job would get now (() for a CPU job), or why it waits. A job
@@ -293,6 +296,8 @@ class _Pool:
             return Hold(cand.job_id, "cpu", "waiting for a free CPU slot")
         if cand.share:
             return self._place_shared(cand)
+        if cand.cards is not None:
+            return self._place_pinned(cand)
         idle = len(self.idle_vram)
         if idle < cand.gpus:
             noun = "GPU" if cand.gpus == 1 else "GPUs"
@@ -307,18 +312,27 @@ class _Pool:
             return Hold(cand.job_id, "vram", self._vram_message(cand, len(fitting)))
         return tuple(sorted(i for _, i in fitting[: cand.gpus]))
 
+    def _place_pinned(self, cand: Candidate) -> tuple[int, ...] | Hold:
+        """As for any whole-card job, among its own cards only; held as `cards`."""
+        assert cand.cards is not None  # for mypy: only pinned jobs come here
+        need = cand.vram_mb or 0
+        placed = pinning.place(self.idle_vram, cand.gpus, need, cand.cards, gb(need))
+        return Hold(cand.job_id, "cards", placed) if isinstance(placed, str) else placed
+
     def _place_shared(self, cand: Candidate) -> tuple[int, ...] | Hold:
         """One card with room for the job's VRAM: best fit among the cards already shared,
         and an idle card only when none of those has room, so that whole cards stay free
         for whole-card jobs. A shared job is held for VRAM, never for free GPUs: a card
         that is not idle may still take it."""
         need = cand.vram_mb or 0
-        for pool in (self.shared_vram, self.idle_vram):
+        pools = [pinning.allowed(p, cand.cards) for p in (self.shared_vram, self.idle_vram)]
+        for pool in pools:
             fitting = sorted((free, i) for i, free in pool.items() if free >= need)
             if fitting:
                 return (fitting[0][1],)
-        most = max([*self.shared_vram.values(), *self.idle_vram.values(), 0])
-        message = f"waiting for VRAM: needs {gb(need)}, at most {gb(max(0, most))} free on any card"
+        most = max([*pools[0].values(), *pools[1].values(), 0])
+        where = "any card" if cand.cards is None else f"its {pinning.card_text(cand.cards)}"
+        message = f"waiting for VRAM: needs {gb(need)}, at most {gb(max(0, most))} free on {where}"
         return Hold(cand.job_id, "vram", message)
 
     def _vram_message(self, cand: Candidate, fitting: int) -> str:
@@ -335,14 +349,20 @@ def _cards(free: Mapping[int, int]) -> str:
     return f"{noun} {', '.join(map(str, indices))}"
 
 
-def could_run(gpus: int, vram_mb: int | None, cards: Sequence[Card]) -> bool:
-    """Whether a job could start on this machine once everything else has left."""
-    return _could_run(gpus, vram_mb, [c.vram_total_mb for c in cards if c.healthy])
+def could_run(
+    gpus: int, vram_mb: int | None, cards: Sequence[Card], pinned: tuple[int, ...] | None = None
+) -> bool:
+    """Whether a job could start on this machine (on its own cards, when `pinned`) once
+    everything else has left."""
+    return _could_run(gpus, vram_mb, {c.index: c.vram_total_mb for c in cards if c.healthy}, pinned)
 
 
-def _could_run(gpus: int, vram_mb: int | None, healthy_vram: Sequence[int]) -> bool:
+def _could_run(
+    gpus: int, vram_mb: int | None, healthy_vram: Mapping[int, int], pinned: tuple[int, ...] | None
+) -> bool:
     need = vram_mb or 0
-    return sum(1 for total in healthy_vram if total >= need) >= gpus
+    usable = pinning.allowed(healthy_vram, pinned).values()
+    return sum(1 for total in usable if total >= need) >= gpus
 
 
 def gb(mb: int) -> str:

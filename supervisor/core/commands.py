@@ -121,6 +121,18 @@ class HoldJob:
 
 
 @dataclass(frozen=True)
+class UpdateJob:
+    """`gpusv update` of a queued job, by that uid. None leaves a value as it is;
+    `cards` () pins it to no card in particular again."""
+
+    job_id: int
+    by_uid: int
+    priority: int | None = None
+    time_limit_s: float | None = None
+    cards: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Recover:
     """Start-up: the active jobs as stored, with what the shell found of their attempts."""
 
@@ -162,6 +174,7 @@ Command = (
     | HangSeen
     | Progress
     | HoldJob
+    | UpdateJob
     | Recover
     | Forget
 )
@@ -182,6 +195,13 @@ class SaveJob:
     events: tuple[Event, ...] = ()
     new_attempt: Attempt | None = None
     ended_attempt: Attempt | None = None
+
+
+@dataclass(frozen=True)
+class SaveSpec:
+    """A queued job's spec as `update` changed it."""
+
+    job: Job
 
 
 @dataclass(frozen=True)
@@ -236,6 +256,7 @@ Write = (
     | MarkCleaned
     | RecordStop
     | DropAttempt
+    | SaveSpec
 )
 
 

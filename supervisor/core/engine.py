@@ -39,6 +39,7 @@ from supervisor.core.commands import (
     Started,
     Stop,
     SubmitJobs,
+    UpdateJob,
 )
 from supervisor.core.draft import Draft, Step, Verdict
 from supervisor.core.hang_record import hang_record
@@ -48,6 +49,7 @@ from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt, Event, iso_at
 from supervisor.core.recovery import recover
 from supervisor.core.table import Live, Phase, Table, waiting_ahead
+from supervisor.core.update import update_job
 
 # ---- the commands -----------------------------------------------------------------------
 
@@ -298,6 +300,14 @@ def _hold_job(d: Draft, cmd: HoldJob) -> None:
     d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))
 
 
+def _edit(d: Draft, cmd: HoldJob | UpdateJob) -> None:
+    """The verbs that change a queued job where it waits: hold, release, update."""
+    if isinstance(cmd, HoldJob):
+        _hold_job(d, cmd)
+    else:
+        update_job(d, cmd)
+
+
 def _forget(d: Draft, cmd: Forget) -> None:
     """Finished jobs leave `list`; an active one is never forgotten."""
     ids = tuple(i for i in cmd.ids if d.job(i) is None)
@@ -342,8 +352,8 @@ def _one(d: Draft, cmd: Command) -> None:
             _reclassify(d, cmd)
         case Progress():
             _progress(d, cmd)
-        case HoldJob():
-            _hold_job(d, cmd)
+        case HoldJob() | UpdateJob():
+            _edit(d, cmd)
         case Recover():
             recover(d, cmd)
         case Forget():

@@ -66,7 +66,8 @@ class IllegalTransition(ValueError):
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What the submitter asked for; never changes after the submit is acknowledged."""
+    """What the submitter asked for. Only `gpusv update` changes it afterwards, and only
+    a queued job's priority, time limit and cards (core/update.py)."""
 
     argv: tuple[str, ...]
     cwd: str
@@ -92,6 +93,7 @@ class JobSpec:
     array_id: int | None = None  # the array it belongs to: the id of the array's first job
     array_index: int | None = None
     max_running: int | None = None  # at most this many of its array run at once
+    cards: tuple[int, ...] | None = None  # pinned: it runs only on these cards (None: any)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,7 @@ class Dispatcher:
                 share=job.spec.share,
                 array=job.spec.array_id,
                 cap=job.spec.max_running,
+                cards=job.spec.cards,
             )
 
     def running_use(self) -> list[admission.RunningJob]:
@@ -377,7 +378,8 @@ class Dispatcher:
     def _possible(self, job_id: int) -> bool:
         """Whether the job could run once everything else has left (admission's rule)."""
         job = self.table.jobs[job_id]
-        return admission.could_run(job.spec.gpus, self.book.vram_need(job.spec), self.cards())
+        need = self.book.vram_need(job.spec)
+        return admission.could_run(job.spec.gpus, need, self.cards(), job.spec.cards)
 
     def _backoff_current(self, job_id: int, not_before: float) -> bool:
         job = self.table.jobs.get(job_id)

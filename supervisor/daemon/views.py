@@ -70,6 +70,7 @@ def job_json(
         "ended_at": job.ended_at,
         "held": job.held,
         "time_limit_s": spec.time_limit_s,
+        "cards": None if spec.cards is None else list(spec.cards),
     }
     if attempts is not None:
         out["attempts"] = [cast(AttemptJson, a.to_json()) for a in attempts]

@@ -105,6 +105,20 @@ class _Fields:
                 raise self.fail(key, "ids are positive integers that fit 63 bits")
         return list(value)
 
+    def card_list(self, key: str, max_card: int) -> tuple[int, ...] | None:
+        """Card indices (sorted, each once), or None when absent."""
+        value = self._get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) > max_card + 1:
+            raise self.fail(key, f"must be a list of at most {max_card + 1} card indices")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= max_card:
+                raise self.fail(key, f"card indices are integers from 0 to {max_card}")
+        if len(set(value)) != len(value):
+            raise self.fail(key, "a card appears twice")
+        return tuple(sorted(value))
+
     def done(self) -> None:
         extra = sorted(set(self.obj) - self.seen)
         if extra:

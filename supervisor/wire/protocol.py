@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.wire import errors
+from supervisor.wire.edits import Update, parse_update
 from supervisor.wire.fields import MAX_ID as MAX_ID
 from supervisor.wire.fields import _Fields, _str_list
 from supervisor.wire.framing import MAX_LINE as MAX_LINE  # re-exported: the framing is protocol too
@@ -121,6 +122,8 @@ class SubmitOptions:
     share: bool = False
     array: tuple[int, ...] = ()  # one job per index, of one new array
     max_running: int | None = None  # of the array (or the batch) at most this many at once
+    cards: tuple[int, ...] | None = None  # --cards: only these
+    not_cards: tuple[int, ...] | None = None  # --not-cards: never these
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ class ArrayRef:
     array: int
 
 
-Request = Submit | ListJobs | JobRef | Simple | Clean | ArrayRef
+Request = Submit | ListJobs | JobRef | Simple | Clean | ArrayRef | Update
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 SIMPLE_TYPES = ("ping", "gpus", "stats", "health", "metrics", "top", "pause", "resume")
 REF_TYPES = ("show", "cancel", "wait", "logs", "restart", "hold", "release")
@@ -235,7 +238,16 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         share=f.bool_("share"),
         array=_array_indices(f),
         max_running=f.int_("max_running", None, 1, MAX_BATCH),
+        cards=_nonempty(f, "cards"),
+        not_cards=_nonempty(f, "not_cards"),
     )
+
+
+def _nonempty(f: _Fields, key: str) -> tuple[int, ...] | None:
+    cards = f.card_list(key, MAX_GPUS - 1)
+    if cards == ():
+        raise f.fail(key, "must name at least one card")
+    return cards
 
 
 def _request_id(f: _Fields) -> str | None:
@@ -341,6 +353,8 @@ def parse_request(obj: dict[str, Any]) -> Request:
         return ArrayRef(kind, array)
     if kind in REF_TYPES:
         return _parse_ref(kind, f)
+    if kind == "update":
+        return parse_update(f, MAX_GPUS - 1)
     if kind == "clean":
         older = f.float_("older_than_s", 0, MAX_DURATION_S) or 0.0
         f.done()

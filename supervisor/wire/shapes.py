@@ -37,8 +37,21 @@ class SubmitRequest(TypedDict, total=False):
     priority: int
     after: list[int]
     share: bool
+    cards: list[int]  # run only on these cards
+    not_cards: list[int]  # never on these
     dry_run: bool
     request_id: str
+    version: int
+
+
+class UpdateRequest(TypedDict, total=False):
+    """`update`: new values for queued jobs; at least one of them. `cards` [] unpins."""
+
+    type: Required[Literal["update"]]
+    ids: Required[list[int]]
+    priority: int
+    time_limit_s: float
+    cards: list[int]
     version: int
 
 
@@ -134,6 +147,7 @@ class JobJson(TypedDict):
     stopping: bool  # running, and being stopped: signalled, not yet gone
     starting: bool  # running, its process not up yet (being started, or started ahead)
     time_limit_s: float | None  # wall-time limit per run (--time)
+    cards: list[int] | None  # pinned: the cards it may run on (--cards, --not-cards)
     submitted_at: str
     started_at: str | None
     ended_at: str | None

@@ -58,6 +58,7 @@ FULL = {
     "ended_at": "2026-01-02T03:00:09.000Z",
     "held": False,
     "time_limit_s": 60.0,
+    "cards": None,
 }
 
 

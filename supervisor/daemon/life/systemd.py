@@ -27,7 +27,13 @@ LOOP = "loop"
 CRITICAL_SERVICES = (LOOP, "scheduler", "server", "gpu-monitor", "kernel-log")
 
 # Hold reasons (admission.HoldReason) as the status line names them.
-_HELD_LABELS = {"host_ram": "host RAM", "vram": "VRAM", "gpus": "GPUs", "cpu": "CPU slots"}
+_HELD_LABELS = {
+    "host_ram": "host RAM",
+    "vram": "VRAM",
+    "gpus": "GPUs",
+    "cpu": "CPU slots",
+    "cards": "their cards",
+}
 
 
 def _logger(log: FilteringBoundLogger | None) -> FilteringBoundLogger:

@@ -1,8 +1,8 @@
-"""The everyday verbs: restart, hold, release, pause, resume, clean, cancel --all, and
-`run` jobs tied to their client's connection.
+"""The everyday verbs: restart, hold, release, update, pause, resume, clean, cancel
+--all, and `run` jobs tied to their client's connection.
 
-The job-state changes go through the engine (Submit, HoldJob, Cancel); the decision of
-whether a hold applies is `hold_refusal`, pure.
+The job-state changes go through the engine (Submit, HoldJob, UpdateJob, Cancel); the
+decision of whether a hold or an update applies is `hold_refusal` / `update_refusal`, pure.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from supervisor.core.commands import Cancel, Forget, HoldJob
+from supervisor.core.commands import Cancel, Forget, HoldJob, UpdateJob
 from supervisor.core.engine import hold_refusal
 from supervisor.core.jobs import Job
+from supervisor.core.update import update_refusal
 from supervisor.daemon.clock import now_iso
 from supervisor.daemon.requests.intake import find_job
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.store.writer import StorageError, storage_reason
 from supervisor.wire import protocol
+from supervisor.wire.edits import Update
 from supervisor.wire.protocol import Clean, JobRef, ProtocolError
 
 if TYPE_CHECKING:
@@ -61,7 +63,10 @@ class Verbs:
         self.bound: dict[int, set[int]] = {}  # connection -> its `run` jobs
 
     async def _each(
-        self, req: JobRef, peer: Peer, act: Callable[[Job], Awaitable[dict[str, Any]]]
+        self,
+        req: JobRef | Update,
+        peer: Peer,
+        act: Callable[[Job], Awaitable[dict[str, Any]]],
     ) -> dict[str, Any]:
         """Every id checked for permission first (all or nothing), then acted on alone."""
         for job_id in req.ids:
@@ -101,6 +106,21 @@ class Verbs:
             if not verdict.ok:
                 raise ProtocolError(protocol.INVALID_STATE, verdict.text)
             return {"held": hold}
+
+        return await self._each(req, peer, act)
+
+    async def update(self, req: Update, peer: Peer) -> dict[str, Any]:
+        async def act(job: Job) -> dict[str, Any]:
+            if req.cards:  # a card the machine lacks, or fewer than the job asks for
+                self.intake.pinned(job.spec.gpus, req.cards)
+            cmd = UpdateJob(job.id, peer.uid, req.priority, req.time_limit_s, req.cards)
+            verdict = (await self.engine.do(cmd)).verdicts.get(job.id)
+            if verdict is None:  # no longer in the table: it ended
+                ended = await find_job(self.engine, job.id)
+                raise ProtocolError(protocol.INVALID_STATE, update_refusal(ended) or "ended")
+            if not verdict.ok:
+                raise ProtocolError(protocol.INVALID_STATE, verdict.text)
+            return {"updated": verdict.text == "updated"}
 
         return await self._each(req, peer, act)
 

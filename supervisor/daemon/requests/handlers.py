@@ -30,6 +30,7 @@ from supervisor.daemon.store import output_files as joblogs
 from supervisor.daemon.store.database import StorageError
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.wire import protocol
+from supervisor.wire.edits import Update
 from supervisor.wire.protocol import (
     ArrayRef,
     Clean,
@@ -155,6 +156,8 @@ class Api:
             return dict(await handlers[req.type](req, peer))
         if isinstance(req, Clean):
             return await self.verbs.clean(req, peer)
+        if isinstance(req, Update):
+            return await self.verbs.update(req, peer)
         assert isinstance(req, Simple)
         if req.type == "ping":
             return {"ok": True, "pid": os.getpid(), "version": protocol.VERSION}

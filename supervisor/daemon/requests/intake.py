@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 
+from supervisor.core import pinning
 from supervisor.core.commands import SubmitJobs
 from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.daemon.config import Config
@@ -92,7 +93,23 @@ class Intake:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
 
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
-        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog)
+        opts = req.options
+        cards = self.pinned(opts.gpus, opts.cards, opts.not_cards)
+        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog, cards)
+
+    def pinned(
+        self, gpus: int, cards: tuple[int, ...] | None, not_cards: tuple[int, ...] | None = None
+    ) -> tuple[int, ...] | None:
+        """The cards a job may use (None: any), or `bad_request` when there are none it
+        could ever run on: a card this machine does not have, or fewer than it asks for."""
+        try:
+            allowed = pinning.resolve(cards, not_cards, range(self.card_count()))
+        except ValueError as exc:
+            raise ProtocolError(protocol.BAD_REQUEST, str(exc)) from None
+        why = pinning.refusal(gpus, allowed)
+        if why is not None:
+            raise ProtocolError(protocol.BAD_REQUEST, why)
+        return allowed
 
     async def _within_cap(self, uid: int, adding: int) -> None:
         queued = await self.engine.store.queued_count(uid)

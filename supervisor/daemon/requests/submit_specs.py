@@ -12,9 +12,15 @@ from supervisor.wire.protocol import Submit, SubmitOptions
 
 
 def job_specs(
-    req: Submit, uid: int, gid: int, retries: RetriesConfig, watchdog: WatchdogConfig
+    req: Submit,
+    uid: int,
+    gid: int,
+    retries: RetriesConfig,
+    watchdog: WatchdogConfig,
+    cards: tuple[int, ...] | None = None,
 ) -> list[JobSpec]:
-    """The jobs a submit asks for, the config's defaults filled in."""
+    """The jobs a submit asks for, the config's defaults filled in; `cards` is what its
+    --cards and --not-cards leave it (None: any card)."""
     opts = req.options
     timeout = opts.progress_timeout_s
     return [
@@ -42,6 +48,7 @@ def job_specs(
             stall_timeout_s=_or(opts.stall_timeout_s, watchdog.stall_timeout_s),
             time_limit_s=opts.time_limit_s,
             share=opts.share,
+            cards=cards,
             **_array_fields(opts, i),
         )
         for i, argv in enumerate(req.argvs)

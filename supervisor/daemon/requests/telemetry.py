@@ -93,9 +93,18 @@ class Telemetry:
                 running.setdefault(c, []).append(job_id)
         return running
 
+    def _pinned_by_card(self) -> dict[int, list[int]]:
+        """The queued jobs that may run only on some cards, under each of those cards."""
+        pinned: dict[int, list[int]] = {}
+        for job in self.table.jobs.values():
+            if job.state is JobState.QUEUED and job.spec.cards is not None:
+                for c in job.spec.cards:
+                    pinned.setdefault(c, []).append(job.id)
+        return pinned
+
     async def gpus_json(self) -> list[dict[str, Any]]:
         hangs = {k[0]: n for k, n in (await self.store.hang_counts("gpu")).items()}
-        running = self._running_by_card()
+        running, pinned = self._running_by_card(), self._pinned_by_card()
         return [
             {
                 "index": c.index,
@@ -111,6 +120,7 @@ class Telemetry:
                 "mig": c.mig,
                 "allocation": self.monitor.allocation,
                 "running_jobs": sorted(running.get(c.index, [])),
+                "pinned_jobs": sorted(pinned.get(c.index, [])),
                 "gpu_hangs": hangs.get(c.index, 0),
             }
             for c in self.monitor.cards

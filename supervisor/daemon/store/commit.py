@@ -15,6 +15,7 @@ from supervisor.core.commands import (
     RecordHang,
     RecordStop,
     SaveJob,
+    SaveSpec,
     SetPid,
     Write,
 )
@@ -154,6 +155,11 @@ def _one(db: sqlite3.Connection, w: Write) -> None:
         case DropAttempt():
             db.execute(
                 "DELETE FROM attempts WHERE job_id=? AND n=? AND pid IS NULL", (w.job_id, w.n)
+            )
+        case SaveSpec(job=job):
+            db.execute(
+                "UPDATE jobs SET spec=?, priority=? WHERE id=?",
+                (_spec_json(job.spec), job.spec.priority, job.id),
             )
         case MarkCleaned():
             db.executemany(

@@ -155,6 +155,8 @@ class _Specs:
             data = json.loads(spec_json)
             data["argv"] = tuple(data["argv"])
             data["after"] = tuple(data.get("after", ()))
+            if data.get("cards") is not None:
+                data["cards"] = tuple(data["cards"])
             spec = self.specs[(spec_json, env_json)] = JobSpec(env=env, **data)
         return spec
 

@@ -51,7 +51,7 @@ def job_families(snap: Snapshot) -> Iterator[Metric]:
         jobs.add_metric([state], n)
     held = GaugeMetricFamily(
         "gpusv_jobs_held",
-        "Queued jobs held back, by reason (host_ram, vram, gpus, cpu, array, dependency).",
+        "Queued jobs held back, by reason (host_ram, vram, gpus, cpu, array, cards, dependency).",
         labels=["reason"],
     )
     for reason, n in sorted(_zeros(HOLD_REASONS, snap.held).items()):

@@ -16,6 +16,7 @@ from supervisor.core.commands import (
     MarkCleaned,
     RecordHang,
     SaveJob,
+    SaveSpec,
     SetPid,
     Write,
 )
@@ -61,6 +62,17 @@ async def test_an_inserted_job_is_a_queued_row_with_its_submitted_event(store: S
     ]
     got = await store.get_job(1)
     assert got is not None and got.spec == s and got.state is JobState.QUEUED
+
+
+async def test_an_updated_spec_lands_with_its_priority_and_pinned_cards(store: Store) -> None:
+    await commit(store, [InsertJob(job(1))])
+    s = spec(priority=7, time_limit_s=60.0, cards=(0, 2))
+    await commit(store, [SaveSpec(job(1, spec=s))])
+    assert await rows(store, "SELECT priority FROM jobs") == [(7,)]
+    got = await store.get_job(1)
+    assert got is not None and got.spec == s and got.spec.cards == (0, 2)
+    (active,) = await store.active_jobs()
+    assert active.spec == s
 
 
 async def test_a_batch_shares_its_env_and_keeps_its_request_id(store: Store) -> None:
