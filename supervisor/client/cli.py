@@ -98,9 +98,10 @@ def _completion(shell: str) -> int:
 
 
 def _usage(cmd: str | None, message: str) -> int:
+    from supervisor.client.parser import parser
     from supervisor.client.usage import fail
 
-    return fail(cmd, message)
+    return fail(parser(), cmd, message)
 
 
 def _guarded(command: Callable[[], int], cmd: str | None) -> int:

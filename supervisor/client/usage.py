@@ -89,12 +89,10 @@ def subparser(p: argparse.ArgumentParser, cmd: str | None) -> argparse.ArgumentP
     return p
 
 
-def fail(cmd: str | None, message: str) -> int:
-    """A usage error found after parsing: the command's usage and the reason, as argparse
-    prints its own; the exit code."""
-    from supervisor.client.parser import parser
-
-    p = subparser(parser(), cmd)
+def fail(top: argparse.ArgumentParser, cmd: str | None, message: str) -> int:
+    """A usage error found after parsing: the usage of command `cmd` of parser `top` and
+    the reason, as argparse prints its own; the exit code."""
+    p = subparser(top, cmd)
     p.print_usage(sys.stderr)
     sys.stderr.write(f"{p.prog}: error: {message}\n")
     return EXIT_USAGE
