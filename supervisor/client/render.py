@@ -115,15 +115,17 @@ def run_time(job: dict[str, Any], now: float) -> str:
 def note_text(job: dict[str, Any], paused: bool) -> str:
     """Why a queued job waits (a paused queue first), what a running one last said, why
     an ended one failed."""
-    parts = []
+    ended = job.get("state") in ("failed", "cancelled") and job.get("reason")
+    note = (
+        job.get("waiting_for")  # a held job's says so, with how to release it
+        or ("held" if job.get("held") else "")
+        or (str(job["reason"]) if ended else "")
+        or job.get("progress")
+        or ""
+    )
     if paused and job.get("state") == "queued":
-        parts.append("paused")
-    if job.get("held"):
-        parts.append("held")
-    if job.get("state") in ("failed", "cancelled") and job.get("reason"):
-        parts.append(str(job["reason"]))
-    parts.append(job.get("waiting_for") or job.get("progress") or "")
-    return "; ".join(p for p in parts if p)
+        return f"paused; {note}" if note else "paused"
+    return str(note)
 
 
 def list_lines(jobs: list[dict[str, Any]], paused: bool = False) -> list[str]:

@@ -22,9 +22,9 @@ TABLE = """ID  STATE    USER  GPUS  CARDS  EXIT  TIME  AGE  NAME/COMMAND  NOTE
 
 @pytest.fixture
 def fake_gpusv(tmp_path: Path) -> dict[str, str]:
-    """A PATH whose gpusv prints TABLE for `gpusv list`."""
+    """A PATH whose gpusv writes its arguments to `args` and prints TABLE."""
     exe = tmp_path / "gpusv"
-    exe.write_text(f'#!/bin/sh\n[ "$1" = list ] && cat <<"X"\n{TABLE}X\n')
+    exe.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat <<"X"\n{TABLE}X\n')
     exe.chmod(0o755)
     return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
 
@@ -43,6 +43,22 @@ def test_bash_completes_job_ids_from_the_list(fake_gpusv: dict[str, str]) -> Non
     )
     done = subprocess.run(["bash", "-c", probe], text=True, capture_output=True, env=fake_gpusv)
     assert done.stdout.splitlines() == ["12 7", "12"], done.stderr
+
+
+def test_bash_asks_the_daemon_the_command_line_names(
+    tmp_path: Path, fake_gpusv: dict[str, str]
+) -> None:
+    bash = script(cli_parser.parser(), "bash")
+    words = "(gpusv --socket /s.sock --connect-timeout = 5 wait '')"  # bash splits at '='
+    probe = f"{bash}\nCOMP_WORDS={words}; COMP_CWORD=7; _gpusv; echo ${{COMPREPLY[@]}}"
+    done = subprocess.run(["bash", "-c", probe], text=True, capture_output=True, env=fake_gpusv)
+    assert done.stdout.split() == ["12", "7"], done.stderr
+    assert (tmp_path / "args").read_text().split() == [
+        "--socket", "/s.sock", "--connect-timeout", "5", "list"
+    ]  # fmt: skip
+    values = f"{bash}\nCOMP_WORDS=(gpusv --socket ''); COMP_CWORD=2; _gpusv; echo ${{COMPREPLY[@]}}"
+    done = subprocess.run(["bash", "-c", values], text=True, capture_output=True, cwd=tmp_path)
+    assert "gpusv" in done.stdout.split() and "submit" not in done.stdout.split()  # a path
 
 
 @pytest.mark.skipif(not shutil.which("fish"), reason="fish is not installed")
@@ -67,6 +83,8 @@ def test_fish_completes_commands_options_and_ids(
     assert complete("gpusv res") == ["restart\tqueue a new job with the same spec; prints its id",
                                      "resume\tstart jobs again"]  # fmt: skip
     assert complete("gpusv cancel ") == ["12\tqueued", "7\trunning"]
+    assert complete("gpusv --socket /s.sock show ") == ["12\tqueued", "7\trunning"]
+    assert (tmp_path / "args").read_text().split() == ["--socket", "/s.sock", "list"]
     assert "--name\tonly jobs whose name matches (* ? [...])" in complete("gpusv list --na")
     assert complete("gpusv completion ") == ["bash", "fish", "zsh"]
 

@@ -78,6 +78,9 @@ def test_a_paused_queue_shows_on_queued_jobs_and_in_show() -> None:
     waiting = job(waiting_for="waiting for 2 free GPUs")
     assert row(waiting, paused=True)["NOTE"] == "paused; waiting for 2 free GPUs"
     assert row(waiting)["NOTE"] == "waiting for 2 free GPUs"
+    held = job(held=True, waiting_for="held (gpusv release 1)")
+    assert row(held, paused=True)["NOTE"] == "paused; held (gpusv release 1)"
+    assert row(job(held=True))["NOTE"] == "held"
     running = job(state="running", started_at="2026-01-02T02:59:50.000Z")
     assert row(running, paused=True)["NOTE"] == ""  # it goes on: a pause holds only starts
     budgets = {"ordinary": {"used": 0, "budget": 3}, "gpu_hang": {"used": 0, "budget": 20}}
