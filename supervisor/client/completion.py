@@ -200,8 +200,9 @@ def _fish(p: argparse.ArgumentParser) -> str:
         f"{top} -l version -d 'print the version'",
     ]
     globals_ = {a.option_strings[-1]: a.help or "" for a in p._actions if a.option_strings}
-    for option, valued in _fish_options(p).items():
-        lines.append(f"{top} -l {option[2:]}{' -r' * valued} -d {_fish_text(globals_[option])}")
+    for option, takes_value in _fish_options(p).items():
+        value = " -r" if takes_value else ""
+        lines.append(f"{top} -l {option[2:]}{value} -d {_fish_text(globals_[option])}")
     for name, (text, opts) in commands.items():
         lines.append(f"{top} -a {name} -d {_fish_text(text)}")
         seen = f"complete -c gpusv -n '__fish_seen_subcommand_from {name}'"
