@@ -53,8 +53,13 @@ class Parser(argparse.ArgumentParser):
         except argparse.ArgumentError as exc:
             if action.choices is None or not isinstance(value, str):
                 raise
-            hint = did_you_mean(value, [str(c) for c in action.choices])
-            raise argparse.ArgumentError(action, f"{exc.message}{hint}") from None
+            choices = [str(c) for c in action.choices]
+            hint = did_you_mean(value, choices)
+            if not hint:
+                raise
+            # The suggestion first: the list of every choice is long (all the commands).
+            message = f"invalid choice: {value!r}{hint}; choose from {', '.join(choices)}"
+            raise argparse.ArgumentError(action, message) from exc
 
 
 class SubParser(Parser):
