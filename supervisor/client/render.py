@@ -115,13 +115,12 @@ def run_time(job: dict[str, Any], now: float) -> str:
 def note_text(job: dict[str, Any], paused: bool) -> str:
     """Why a queued job waits (a paused queue first), what a running one last said, why
     an ended one failed."""
-    ended = job.get("state") in ("failed", "cancelled") and job.get("reason")
+    reason = job.get("reason") if job.get("state") in ("failed", "cancelled") else None
+    progress = job.get("progress") or ""
     note = (
         job.get("waiting_for")  # a held job's says so, with how to release it
         or ("held" if job.get("held") else "")
-        or (str(job["reason"]) if ended else "")
-        or job.get("progress")
-        or ""
+        or "; ".join(str(p) for p in (reason, progress) if p)  # where it had got to
     )
     if paused and job.get("state") == "queued":
         return f"paused; {note}" if note else "paused"

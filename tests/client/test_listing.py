@@ -69,6 +69,7 @@ def test_exit_and_run_time() -> None:
     )
     assert row(ended)["EXIT"] == "137" and row(ended)["TIME"] == "2m"
     assert row(ended)["NOTE"] == "signal"
+    assert row({**ended, "progress": "Fra:942"})["NOTE"] == "signal; Fra:942"
     assert row(job())["EXIT"] == "-" and row(job())["TIME"] == "-"
     running = job(state="running", started_at="2026-01-02T02:59:50.000Z")
     assert run_time(running, NOW) == "10s"
