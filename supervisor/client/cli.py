@@ -53,6 +53,7 @@ FLAGS = {
     "older_than_s": "--older-than",
     "tail_lines": "--tail",
     "limit": "--limit",
+    "states": "--state",
     "argv": "the command",
     "argvs": "--batch",
 }
@@ -62,6 +63,18 @@ def in_cli_terms(message: str) -> str:
     for field, flag in FLAGS.items():
         message = message.replace(f"field '{field}'", flag)
     return message
+
+
+def is_usage(exc: Refused) -> bool:
+    """The daemon refused a value that was typed as a flag (out of range, too long): bad
+    usage, as the parser would have said had it known the bound. Not a field the client
+    added itself, nor one this daemon does not know (an older daemon)."""
+    text = str(exc)
+    return (
+        exc.code == "bad_request"
+        and not text.startswith("unknown field")
+        and in_cli_terms(text) != text
+    )
 
 
 def _sockets(a: argparse.Namespace) -> list[Path]:
@@ -86,12 +99,21 @@ def _completion(shell: str) -> int:
     return 0
 
 
-def _guarded(command: Callable[[], int]) -> int:
-    """Run a command; the errors every command shares become a line on stderr and an
-    exit code."""
+def _usage(cmd: str | None, message: str) -> int:
+    from supervisor.client.parser import parser
+    from supervisor.client.usage import fail
+
+    return fail(parser(), cmd, message)
+
+
+def _guarded(command: Callable[[], int], cmd: str | None) -> int:
+    """Run a command; the errors every command shares become a line on stderr (after the
+    command's usage, for a usage error) and an exit code."""
     try:
         return command()
     except Refused as exc:
+        if is_usage(exc):
+            return _usage(cmd, in_cli_terms(str(exc)))
         sys.stderr.write(f"gpusv: {in_cli_terms(str(exc))} ({exc.code})\n")
         return EXIT_NO
     except Unreachable as exc:
@@ -102,15 +124,14 @@ def _guarded(command: Callable[[], int]) -> int:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        sys.stderr.write(f"gpusv: {exc.strerror or exc}\n")
-        return EXIT_USAGE
+        where = f": {exc.filename}" if exc.filename else ""
+        return _usage(cmd, f"{exc.strerror or exc}{where}")
     except ValueError as exc:
         from supervisor.wire.sizes import ConfigError  # a ValueError: looked at only here
 
         if not isinstance(exc, ConfigError):
             raise
-        sys.stderr.write(f"gpusv: {exc}\n")
-        return EXIT_USAGE
+        return _usage(cmd, str(exc))
 
 
 def _call(a: argparse.Namespace) -> int:
@@ -135,7 +156,7 @@ def _run(args_list: list[str]) -> int:
     lean = quick.parse(args_list)
     if lean is not None:
         try:
-            return _guarded(lambda: quick.run(lean))
+            return _guarded(lambda: quick.run(lean), lean.cmd)
         except quick.NoAnswer:
             pass  # the full path tries again and says what it tried
     from supervisor.client.parser import parser
@@ -143,7 +164,7 @@ def _run(args_list: list[str]) -> int:
     a = parser().parse_args(args_list)
     if a.cmd == "completion":
         return _completion(a.shell)
-    return _guarded(lambda: _call(a))
+    return _guarded(lambda: _call(a), a.cmd)
 
 
 def _quiet_stdout() -> None:

@@ -5,7 +5,6 @@ stderr."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     Args = argparse.Namespace | SimpleNamespace  # the parser's, or the lean path's (quick.py)
 
 EXIT_NO = 1
-RECENT_S = 86400.0  # `list` without --all: active jobs and those ended this recently
 
 
 def out_json(obj: Any) -> None:
@@ -84,42 +82,16 @@ def cmd_submit(client: Client, a: argparse.Namespace) -> int:
 # ---- reading -------------------------------------------------------------------------
 
 
-def _owner(a: Args) -> int | None:
-    if a.mine and a.user:
-        raise ConfigError("give --user or --mine, not both")
-    if a.mine:
-        return os.getuid()
-    if a.user is None:
-        return None
-    if a.user.isdigit():
-        return int(a.user)
-    import pwd
-
-    try:
-        return pwd.getpwnam(a.user).pw_uid
-    except KeyError:
-        raise ConfigError(f"--user: no user {a.user!r}") from None
-
-
 def cmd_list(client: Client, a: Args) -> int:
     from supervisor.client import render  # only for the commands that print jobs or sizes
+    from supervisor.client.listing import list_request
 
-    request: dict[str, Any] = {"type": "list", "limit": a.limit}
-    states = [s for s in (a.state or "").split(",") if s]
-    if states:
-        request["states"] = states
-    owner = _owner(a)
-    if owner is not None:
-        request["owner_uid"] = owner
-    if a.array is not None:
-        request["array"] = a.array
-    elif not a.all and not states:
-        request["recent_s"] = RECENT_S
-    jobs = client.call(request)["jobs"]
+    reply = client.call(list_request(a))
+    jobs = reply["jobs"]
     if a.json:
         out_json(jobs)
     else:
-        _lines(render.list_lines(jobs))
+        _lines(render.list_lines(jobs, paused=bool(reply.get("paused"))))
         if any(j.get("array_id") is not None for j in jobs):
             from supervisor.client import arrays  # a module less to import for most lists
 
@@ -130,11 +102,12 @@ def cmd_list(client: Client, a: Args) -> int:
 def cmd_show(client: Client, a: Args) -> int:
     from supervisor.client import render  # only for the commands that print jobs or sizes
 
-    job = client.call({"type": "show", "ids": [a.id]})["job"]
+    reply = client.call({"type": "show", "ids": [a.id]})
+    job = reply["job"]
     if a.json:
         out_json(job)
     else:
-        _lines(render.show_lines(job))
+        _lines(render.show_lines(job, paused=bool(reply.get("paused"))))
     return 0
 
 

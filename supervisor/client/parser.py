@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from supervisor.client.usage import Parser
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: commands start sooner
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -146,6 +148,10 @@ def _add_reading(sub: Any) -> None:
     s.add_argument("--all", action="store_true", help="every job, not only active and recent")
     s.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N jobs (newest)")
     s.add_argument("--array", type=int, metavar="A", help="only the jobs of array A")
+    s.add_argument("--name", metavar="GLOB", help="only jobs whose name matches (* ? [...])")
+    s.add_argument(
+        "--label", action="append", metavar="K=V", help="only jobs with this label (repeatable)"
+    )
     _json(s, "the jobs")
     s.set_defaults(fn="commands.cmd_list")
     s = sub.add_parser("show", help="one job in full")
@@ -229,13 +235,13 @@ def _add_operators(sub: Any) -> None:
         add_help=False,
         help="classify kernel-log lines offline ([FILE|-] [--json] [--faults-only])",
     )
-    s = sub.add_parser("completion", help="shell completion script (bash or zsh)")
-    s.add_argument("shell", choices=("bash", "zsh"), help="the shell")
+    s = sub.add_parser("completion", help="shell completion script (bash, zsh or fish)")
+    s.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
     s.set_defaults(fn=None)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gpusv",
         description="gpusv: queue and watch jobs on this machine's GPUs.",
         epilog="Exit codes: 0 ok, 1 the daemon said no, 2 bad usage, 3 daemon unreachable; "

@@ -21,7 +21,15 @@ if TYPE_CHECKING:
 
 # The parser's defaults (parser.py), option -> (attribute, takes a value, converter).
 _GLOBAL = {"version": None, "socket": None, "config": None, "connect_timeout": None}
-_LIST_DEFAULTS = {"state": None, "user": None, "mine": False, "all": False, "limit": 1000}
+_LIST_DEFAULTS = {
+    "state": None,
+    "user": None,
+    "mine": False,
+    "all": False,
+    "limit": 1000,
+    "name": None,
+    "label": None,
+}
 _LIST_OPTIONS: dict[str, tuple[str, bool, Any]] = {
     "--state": ("state", True, str),
     "--user": ("user", True, str),
@@ -29,6 +37,8 @@ _LIST_OPTIONS: dict[str, tuple[str, bool, Any]] = {
     "--all": ("all", False, None),
     "--limit": ("limit", True, int),
     "--array": ("array", True, int),
+    "--name": ("name", True, str),
+    "--label": ("label", True, list),  # repeatable: each one appended
     "--json": ("json", False, None),
 }
 _SHOW_OPTIONS: dict[str, tuple[str, bool, Any]] = {"--json": ("json", False, None)}
@@ -77,7 +87,7 @@ def _options(
         if got is None:
             return None
         try:
-            out[attr] = convert(got[0])
+            out[attr] = [*(out[attr] or []), got[0]] if convert is list else convert(got[0])
         except ValueError:
             return None
         i = got[1]

@@ -74,24 +74,79 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     ]
 
 
-def list_lines(jobs: list[dict[str, Any]]) -> list[str]:
+# GPUS: how many cards the job asked for; CARDS: which it holds (or, ended, held last).
+LIST_HEADER = [
+    "ID",
+    "STATE",
+    "USER",
+    "GPUS",
+    "CARDS",
+    "EXIT",
+    "TIME",
+    "AGE",
+    "NAME/COMMAND",
+    "NOTE",
+]
+
+
+def cards_text(job: dict[str, Any]) -> str:
+    """The cards a running job holds, or those the last attempt of an ended job held; a
+    queued job (a retry waiting too) holds none."""
+    if job.get("state") == "queued":
+        return "-"
+    return ",".join(map(str, job.get("gpus") or [])) or "-"
+
+
+def exit_text(job: dict[str, Any]) -> str:
+    """The final exit code (128 + N for signal N), once there is one."""
+    code = job.get("exit_code")
+    return "-" if code is None else str(code)
+
+
+def run_time(job: dict[str, Any], now: float) -> str:
+    """How long it has run: from its start to its end, or to now while running."""
+    started = job.get("started_at")
+    if not started or job.get("state") == "queued":  # a retry waits: it is not running
+        return "-"
+    ended = job.get("ended_at")
+    return duration_text(max(0.0, (epoch_of(ended) if ended else now) - epoch_of(started)))
+
+
+def note_text(job: dict[str, Any], paused: bool) -> str:
+    """Why a queued job waits (a paused queue first), what a running one last said, why
+    an ended one failed."""
+    reason = job.get("reason") if job.get("state") in ("failed", "cancelled") else None
+    progress = job.get("progress") or ""
+    note = (
+        job.get("waiting_for")  # a held job's says so, with how to release it
+        or ("held" if job.get("held") else "")
+        or "; ".join(str(p) for p in (reason, progress) if p)  # where it had got to
+    )
+    if paused and job.get("state") == "queued":
+        return f"paused; {note}" if note else "paused"
+    return str(note)
+
+
+def list_lines(jobs: list[dict[str, Any]], paused: bool = False) -> list[str]:
     now = time.time()
     rows = []
     for j in jobs:
         what = j.get("name") or command_text(j)
-        note = j.get("waiting_for") or ("held" if j.get("held") else "") or j.get("progress") or ""
         rows.append(
             [
                 str(j["id"]),
                 shown_state(j),
                 user_name(j.get("owner_uid")),
-                ",".join(map(str, j.get("gpus") or [])) or str(j.get("gpus_requested", "-")),
+                str(j.get("gpus_requested", "-")),
+                cards_text(j),
+                exit_text(j),
+                run_time(j, now),
                 age(j.get("submitted_at"), now),
                 one_line(what) if "argv" in j else "(not yours)",
-                one_line(note),
+                one_line(note_text(j, paused)),
             ]
         )
-    return table(rows, ["ID", "STATE", "USER", "GPUS", "AGE", "NAME/COMMAND", "NOTE"])
+    return table(rows, LIST_HEADER)
 
 
 def _attempt(at: dict[str, Any]) -> str:
@@ -132,7 +187,7 @@ def shown_state(job: dict[str, Any]) -> str:
     return "starting" if job.get("starting") else str(job["state"])
 
 
-def show_lines(job: dict[str, Any]) -> list[str]:
+def show_lines(job: dict[str, Any], paused: bool = False) -> list[str]:
     state = job["state"]
     if job.get("stopping"):
         state += " (stopping: signalled, not yet gone)"
@@ -140,6 +195,8 @@ def show_lines(job: dict[str, Any]) -> list[str]:
         state += " (starting: its process is not up yet)"
     if job.get("held"):
         state += " (held: gpusv release to let it start)"
+    if paused and job["state"] == "queued":
+        state += " (the queue is paused: gpusv resume to let jobs start)"
     if job.get("waiting_for"):
         state += f": {job['waiting_for']}"
     code = job.get("exit_code")

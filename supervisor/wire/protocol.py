@@ -145,6 +145,8 @@ class ListJobs:
     owner_uid: int | None = None
     recent_s: float | None = None  # active jobs, and those ended this recently
     array: int | None = None  # only the jobs of this array
+    name: str | None = None  # only the jobs whose name matches this glob (* ? [...])
+    labels: tuple[tuple[str, str], ...] = ()  # only the jobs with every one of these labels
 
 
 @dataclass(frozen=True)
@@ -345,8 +347,19 @@ def parse_request(obj: dict[str, Any]) -> Request:
         owner = f.int_("owner_uid", None, 0, 2**32 - 1)
         recent = f.float_("recent_s", 0, MAX_DURATION_S)
         array = f.int_("array", None, 1, MAX_ID)
+        name = f.str_("name", None, MAX_NAME)
+        labels = f.str_map("labels", MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE)
         f.done()
-        return ListJobs(tuple(states), limit, before, owner_uid=owner, recent_s=recent, array=array)
+        return ListJobs(
+            tuple(states),
+            limit,
+            before,
+            owner_uid=owner,
+            recent_s=recent,
+            array=array,
+            name=name,
+            labels=tuple(sorted(labels.items())),
+        )
     if kind == "restart_array":
         array = f.req_int("array", 1, MAX_ID)
         f.done()

@@ -193,11 +193,13 @@ class CancelReply(TypedDict):
 class ShowReply(TypedDict):
     ok: Literal[True]
     job: JobJson
+    paused: bool  # the queue is paused (`gpusv pause`): no queued job starts
 
 
 class ListReply(TypedDict):
     ok: Literal[True]
     jobs: list[JobJson | PublicJobJson]
+    paused: bool  # the queue is paused (`gpusv pause`): no queued job starts
 
 
 class WaitReply(TypedDict):

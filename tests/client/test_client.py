@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.client import parser as cli_parser
 from supervisor.client.completion import script
-from supervisor.client.render import list_lines, show_lines, size_text
+from supervisor.client.render import LIST_HEADER, list_lines, show_lines, size_text
 from supervisor.client.submitting import (
     EXIT_NO_STATUS,
     batch_commands,
@@ -203,7 +203,7 @@ def test_list_and_show_read_as_words() -> None:
         "reason": None,
     }
     header, row = list_lines([job])
-    assert header.split() == ["ID", "STATE", "USER", "GPUS", "AGE", "NAME/COMMAND", "NOTE"]
+    assert header.split() == LIST_HEADER
     assert row.split()[:2] == ["7", "queued"] and "python train.py --msg 'two lines'" in row
     assert "waiting for 2 free GPUs" in row and "\n" not in row
     text = "\n".join(show_lines(job))

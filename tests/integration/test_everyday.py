@@ -97,6 +97,9 @@ def test_pause_hold_release_and_resume(daemon: Daemon) -> None:
     assert "paused" in d.cli("top", "--once").stdout.lower()
     first = submit(d, "--gpus", "0", "--", "true")
     assert d.cli("wait", str(first), "--timeout", "1", check=False).returncode == 124
+    (row,) = [r for r in d.cli("list").stdout.splitlines() if r.split()[0] == str(first)]
+    assert row.split()[1] == "queued" and row.rstrip().endswith("paused")
+    assert "the queue is paused" in d.cli("show", str(first)).stdout.splitlines()[1]
     held = submit(d, "--gpus", "0", "--", "true")
     assert d.cli("hold", str(held)).stdout == f"{held} held\n"
     again = d.cli("hold", str(held), check=False)
@@ -157,8 +160,19 @@ def test_list_filters_and_logs(daemon: Daemon) -> None:
     assert cli_json(d, "list", "--user", "nobody") == []
     assert d.cli("list", "--user", "no-such-user-x", check=False).returncode == 2
     table = d.cli("list").stdout.splitlines()
-    assert table[0].split() == ["ID", "STATE", "USER", "GPUS", "AGE", "NAME/COMMAND", "NOTE"]
-    assert any(line.split()[:3] == [str(lines), "succeeded", "root"] for line in table)
+    header = ["ID", "STATE", "USER", "GPUS", "CARDS", "EXIT", "TIME", "AGE", "NAME/COMMAND"]
+    assert table[0].split() == [*header, "NOTE"]
+    # a CPU-only job: asked for 0 cards, held none, exited 0
+    done = [str(lines), "succeeded", "root", "0", "-", "0"]
+    assert any(line.split()[:6] == done for line in table)
+    named = submit(d, "--gpus", "0", "--name", "enc-a", "--label", "kind=enc", "--", "true")
+    other = submit(d, "--gpus", "0", "--name", "train", "--label", "kind=fit", "--", "true")
+    assert [j["id"] for j in cli_json(d, "list", "--name", "enc-*")] == [named]
+    assert [j["id"] for j in cli_json(d, "list", "--label", "kind=fit")] == [other]
+    assert cli_json(d, "list", "--name", "enc-*", "--label", "kind=fit") == []
+    typo = d.cli("list", "--state", "runing", check=False)
+    assert typo.returncode == 2 and "did you mean 'running'?" in typo.stderr
+    assert typo.stderr.startswith("usage: gpusv list ")
     env = submit(d, "--gpus", "0", "--", "sh", "-c", 'echo "$PYTHONUNBUFFERED"')
     d.cli("wait", str(env))
     assert d.cli("logs", str(env)).stdout == "1\n"

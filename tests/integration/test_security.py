@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from supervisor.client.cli import Refused
+from supervisor.client.render import LIST_HEADER
 from supervisor.daemon.views import PUBLIC_FIELDS
 from supervisor.wire import protocol
 
@@ -466,7 +467,8 @@ def test_jobs_run_as_their_submitter_and_others_see_only_public_fields(
     assert set(theirs) == set(PUBLIC_FIELDS) and secret not in listed.stdout
     rows = users.cli(a, d.socket, "list").stdout.splitlines()
     their_row = next(r.split() for r in rows if r.split()[0] == str(roots))
-    assert re.fullmatch(r"\d+[smhd]", their_row[4]) and "(not yours)" in " ".join(their_row)
+    age = their_row[LIST_HEADER.index("AGE")]
+    assert re.fullmatch(r"\d+[smhd]", age) and "(not yours)" in " ".join(their_row)
     top, waited = users.call(
         a, d.socket, {"type": "top"}, {"type": "wait", "ids": [roots], "timeout_s": 0.1}
     )

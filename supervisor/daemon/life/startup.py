@@ -75,24 +75,46 @@ def pidfd_child_watcher() -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpusvd", description="gpusv job supervisor daemon")
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """gpusvd's command line (its man page is generated from it: scripts/manpages.py)."""
+    p = argparse.ArgumentParser(
+        prog="gpusvd",
+        description="gpusv job supervisor daemon",
+        epilog="Exit codes: 0 clean stop, 2 bad usage or config (one line says why), "
+        "70 the deadman (an abort outlived its deadline).",
+    )
     p.add_argument("--version", action=_Version, help="show the version and exit")
     p.add_argument(
         "--config",
         type=Path,
+        metavar="FILE",
         help="TOML config file (default: $GPUSVD_CONFIG, else /etc/gpusvd.toml if it exists)",
     )
-    p.add_argument("--state-dir", dest="state_dir", help="database and job logs directory")
-    p.add_argument("--socket", help="Unix socket path to serve")
+    p.add_argument(
+        "--state-dir", dest="state_dir", metavar="DIR", help="database and job logs directory"
+    )
+    p.add_argument("--socket", metavar="PATH", help="Unix socket path to serve")
     p.add_argument(
         "--simulate-gpus", dest="simulate_gpus", metavar="NxSIZE", help="fake cards, e.g. 2x24G"
     )
-    p.add_argument("--kernel-log", dest="kernel_log", help="auto, journal, kmsg, file:PATH or off")
-    p.add_argument("--log-format", dest="log_format", help="console or json")
     p.add_argument(
-        "--log-level", dest="log_level", default="info", help="debug, info, warning or error"
+        "--kernel-log",
+        dest="kernel_log",
+        metavar="SOURCE",
+        help="auto, journal, kmsg, file:PATH or off",
     )
-    return p.parse_args(argv)
+    p.add_argument("--log-format", dest="log_format", metavar="FORMAT", help="console or json")
+    p.add_argument(
+        "--log-level",
+        dest="log_level",
+        default="info",
+        metavar="LEVEL",
+        help="debug, info, warning or error",
+    )
+    return p
 
 
 class _Version(argparse.Action):

@@ -230,15 +230,22 @@ class Api:
             owner_uid=req.owner_uid,
             ended_since=since,
             array=req.array,
+            name=req.name,
+            labels=req.labels,
         )
         admin = self.access.is_admin(peer.uid)  # once: a group lookup may go to the network
+        # A filter on text that the public view hides leaves out others' jobs: their
+        # names and labels must not be found out by matching them.
+        by_text = req.name is not None or bool(req.labels)
         out: list[JobJson | PublicJobJson] = []
         for row in rows:
             job = self.table.jobs.get(row.id, row)
-            full = self.job_view(job)
             mine = admin or job.spec.owner_uid == peer.uid
+            if by_text and not mine:
+                continue
+            full = self.job_view(job)
             out.append(full if mine else views.public_view(full))
-        return {"ok": True, "jobs": out}
+        return {"ok": True, "jobs": out, "paused": self.dispatcher.paused}
 
     async def show(self, req: JobRef, peer: Peer) -> ShowReply:
         job = await self._job(req.ids[0])
@@ -273,7 +280,7 @@ class Api:
             shown[-1]["rss_mb"], peak, peak_vram = live
             shown[-1]["peak_rss_mb"] = peak or None
             shown[-1]["peak_vram_mb"] = peak_vram or None
-        return {"ok": True, "job": obj}
+        return {"ok": True, "job": obj, "paused": self.dispatcher.paused}
 
     async def cancel(self, req: JobRef, peer: Peer) -> CancelReply:
         if req.all:

@@ -5,6 +5,7 @@ The ranking itself (who dies first) is pure, in core/oom.py.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Mapping
 
@@ -59,11 +60,12 @@ def read_value(pid: int | str = "self") -> int | None:
 
 
 def daemon_self_adjust(target: int = DAEMON) -> str | None:
-    """Lower the daemon's own value so that it outlives every job; a warning if it cannot.
+    """Lower the daemon's own value so that it outlives every job; a note if it cannot.
 
     Lowering needs CAP_SYS_RESOURCE (root usually has it; systemd's OOMScoreAdjust= does
-    the same from outside). Without it the daemon stays where it is and older jobs are
-    set to base_value(own) instead of 0; the newest-first order holds either way.
+    the same from outside). A daemon that a user runs has neither: that is the normal
+    case, and the note says so. The daemon then stays where it is and older jobs are set
+    to base_value(own) instead of 0; the newest-first order holds either way.
     """
     current = read_value()
     if current is not None and current <= target:
@@ -73,15 +75,13 @@ def daemon_self_adjust(target: int = DAEMON) -> str | None:
         return None
     except OSError as exc:
         own = current if current is not None else BASE
-        lost = (
-            "the daemon itself is not shielded from the OOM killer"
-            if base_value(own) == BASE
-            else f"cannot lower oom_score_adj of older jobs below {own}"
-        )
+        denied = exc.errno in (errno.EPERM, errno.EACCES)
+        why = "" if denied else f" ({exc.strerror})"
+        older = "" if base_value(own) == BASE else f"; older jobs get no value below {own}"
         return (
-            f"cannot lower own oom_score_adj to {target} ({exc.strerror}; needs "
-            f"CAP_SYS_RESOURCE or systemd OOMScoreAdjust=), staying at {own}: {lost}; "
-            f"the newest-first order is kept with values >= current"
+            f"oom_score_adj: the daemon stays at {own}{why}, not {target}, as a daemon "
+            f"without CAP_SYS_RESOURCE does (systemd's OOMScoreAdjust= or root lowers "
+            f"it){older}; jobs are still killed newest first"
         )
 
 

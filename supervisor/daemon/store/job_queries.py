@@ -26,9 +26,13 @@ async def list_jobs(
     owner_uid: int | None = None,
     ended_since: float | None = None,
     array: int | None = None,
+    name: str | None = None,
+    labels: Sequence[tuple[str, str]] = (),
 ) -> list[Job]:
     """Newest first; cleaned jobs never; with `ended_since` (epoch seconds), only active
-    jobs and those that ended since."""
+    jobs and those that ended since; with `name`, those whose name matches that glob
+    (SQLite's GLOB: * ? [...], case-sensitive, as a shell matches); with `labels`, those
+    that carry every one of these labels."""
     where = ["cleaned_at IS NULL"]
     params: list[Any] = []
     if states:
@@ -43,6 +47,14 @@ async def list_jobs(
     if array is not None:
         where.append("json_extract(spec, '$.array_id') = ?")
         params.append(array)
+    if name is not None:
+        where.append("json_extract(spec, '$.name') GLOB ?")
+        params.append(name)
+    for key, value in labels:  # json_each: a key is matched as a value, never as a path
+        where.append(
+            "EXISTS (SELECT 1 FROM json_each(spec, '$.labels') WHERE key = ? AND value = ?)"
+        )
+        params.extend((key, value))
     if ended_since is not None:
         where.append("(state IN ('queued', 'running') OR ended_at >= ?)")
         params.append(iso_from_epoch(ended_since))

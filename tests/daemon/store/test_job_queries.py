@@ -83,3 +83,27 @@ async def test_cleanable_is_finished_ended_by_then_and_not_cleaned(jobs: Store) 
     assert sorted(await cleanable(jobs, None, EPOCH - 0.001)) == [1, 6]
     assert sorted(await cleanable(jobs, 1001, EPOCH + 3600)) == [3]
     assert sorted(await cleanable(jobs, 1000, EPOCH + 3600)) == [1, 2, 6]
+
+
+async def test_by_name_glob_and_by_every_label(store: Store) -> None:
+    named = {
+        1: ("enc-a", {"kind": "enc", "codec": "av1"}),
+        2: ("enc-b", {"kind": "enc"}),
+        3: ("train", {"kind": "train", "odd key.x/y": "it's"}),
+        4: ("", {}),
+    }
+    specs = {
+        i: JobSpec(("true",), "/", {}, 1000, 1000, name=name, labels=labels)
+        for i, (name, labels) in named.items()
+    }
+    await commit(store, [InsertJob(Job(i, spec, submitted_at=T0)) for i, spec in specs.items()])
+    assert await ids(store, name="enc-*") == [2, 1]
+    assert await ids(store, name="enc-?") == [2, 1]
+    assert await ids(store, name="ENC-*") == []  # case-sensitive, as a shell matches
+    assert await ids(store, name="t[a-r]ain") == [3]
+    assert await ids(store, name="*") == [4, 3, 2, 1]
+    assert await ids(store, labels=[("kind", "enc")]) == [2, 1]
+    assert await ids(store, labels=[("kind", "enc"), ("codec", "av1")]) == [1]
+    assert await ids(store, labels=[("odd key.x/y", "it's")]) == [3]  # a key, not a path
+    assert await ids(store, labels=[("kind", "en")]) == []
+    assert await ids(store, name="enc-*", labels=[("codec", "av1")]) == [1]
