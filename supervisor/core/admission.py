@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from supervisor.core import reservation
 from supervisor.core.projection import Projection
 
 HoldReason = Literal["host_ram", "vram", "gpus", "cpu", "array"]
@@ -40,6 +41,7 @@ class RunningJob:
     vram_reserved_mb: int  # per card
     shared: bool = False  # may have company on its card
     array: int | None = None
+    ends_in_s: float | None = None  # until its --time ends it; None: no limit, or unknown
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Candidate:
     share: bool = False  # one card, with other shared jobs while its VRAM fits
     array: int | None = None
     cap: int | None = None  # at most this many of its array run at once
+    time_limit_s: float | None = None  # its --time
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Hold:
 class Plan:
     starts: tuple[Start, ...]
     holds: tuple[Hold, ...]
+    reserved: tuple[int, ...] = ()  # idle cards left idle for a wide job (core/reservation)
 
 
 def free_for_new_mb(host: HostMemory, running: Sequence[RunningJob]) -> int:
@@ -126,8 +130,11 @@ def plan(
     does not fit the free host RAM is held, unless nothing runs and nothing started
     before it. Later jobs may start past a held one (backfill) until a held job has
     waited max_backfill_wait_s; from then on it is a barrier until it runs (see
-    _Barrier). The scan stops as soon as no card and no CPU slot is left; the jobs
-    after that point get no entry.
+    _Barrier). The first job of several cards held for cards has the idle cards that
+    fit it reserved, and only a job whose --time ends before it is due to start may take
+    them (core/reservation.py). The scan stops as soon as no card and no CPU slot is left
+    (nor a reserved card that a job could still take); the jobs after that point get no
+    entry.
     """
     pool = _Pool.build(cards, running, cpu_slots_free, host)
     starts: list[Start] = []
@@ -143,6 +150,7 @@ def plan(
             continue
         placed = pool.evaluate(cand)
         if isinstance(placed, Hold):
+            placed = pool.reserve_for(cand, placed, running)
             holds.append(placed)
             starving = _starving(cand, now, max_backfill_wait_s)
             if barrier is None and starving and pool.possible(cand):
@@ -157,7 +165,7 @@ def plan(
             if cand.array is not None:
                 arrays[cand.array] += 1
             starts.append(Start(cand.job_id, placed, (cand.vram_mb or 0) if placed else 0))
-    return Plan(tuple(starts), tuple(holds))
+    return Plan(tuple(starts), tuple(holds), tuple(sorted(pool.reserved)))
 
 
 def _starving(cand: Candidate, now: float, max_wait_s: float) -> bool:
@@ -214,6 +222,7 @@ class _Pool:
         cpu_free: int,
         ram_free: int,
         running_any: bool,
+        cards: Sequence[Card] = (),
     ) -> None:
         self.idle_vram = idle_vram  # card index -> free VRAM, healthy cards with no job
         self.shared_vram = shared_vram  # the same for healthy cards running only shared jobs
@@ -221,6 +230,10 @@ class _Pool:
         self.cpu_free = cpu_free
         self.ram_free = ram_free
         self.started_any = running_any
+        self.cards = cards
+        self.reservation: reservation.Reservation | None = None
+        self.reserved: dict[int, int] = {}  # idle cards taken out of idle_vram for it
+        self.starting: dict[int, tuple[float | None, int]] = {}  # card -> (--time, job)
 
     @classmethod
     def build(
@@ -239,11 +252,12 @@ class _Pool:
                 company[c.index] = free
         healthy = [c.vram_total_mb for c in cards if c.healthy]
         ram_free = free_for_new_mb(host, running)
-        return cls(idle, company, healthy, cpu_free, ram_free, bool(running))
+        return cls(idle, company, healthy, cpu_free, ram_free, bool(running), cards)
 
     def exhausted(self) -> bool:
         room = any(free > 0 for free in self.shared_vram.values())
-        return not self.idle_vram and not room and self.cpu_free <= 0
+        backfill = self.reserved and self.reservation and self.reservation.may_backfill()
+        return not self.idle_vram and not room and self.cpu_free <= 0 and not backfill
 
     def possible(self, cand: Candidate) -> bool:
         return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram)
@@ -272,16 +286,29 @@ class _Pool:
             return Hold(cand.job_id, "host_ram", message)
         return None
 
+    def reserve_for(self, cand: Candidate, hold: Hold, running: Sequence[RunningJob]) -> Hold:
+        """The first wide job held for cards has the idle ones that fit it kept for it."""
+        if (
+            self.reservation is None
+            and reservation.wants(cand, hold.reason)
+            and self.possible(cand)
+        ):
+            res = reservation.reserve(cand, self.idle_vram, self.cards, running, self.starting)
+            self.reserved = {i: self.idle_vram.pop(i) for i in res.cards}
+            self.reservation, hold = res, Hold(cand.job_id, hold.reason, res.waiting(hold.message))
+        return hold
+
     def take(self, cand: Candidate, placed: tuple[int, ...], *, book_ram: bool) -> None:
         for index in placed:
             if cand.share:
                 free = self.idle_vram.pop(index, None)
                 free = self.shared_vram[index] if free is None else free
                 self.shared_vram[index] = free - (cand.vram_mb or 0)
-            else:
+            elif self.reserved.pop(index, None) is None:
                 del self.idle_vram[index]
         if cand.gpus <= 0:
             self.cpu_free -= 1
+        self.starting.update(dict.fromkeys(placed, (cand.time_limit_s, cand.job_id)))
         if book_ram:
             self.ram_free -= _projected(cand) or 0
             self.started_any = True
@@ -299,13 +326,22 @@ class _Pool:
             message = f"waiting for {cand.gpus} free {noun}, {idle} free"
             if self.shared_vram:
                 message += f" ({_cards(self.shared_vram)} run shared jobs)"
-            return Hold(cand.job_id, "gpus", message)
+            return self._backfill(cand, "gpus", message)
         need = cand.vram_mb or 0
         # Best fit: the smallest free space that suffices keeps big cards for big jobs.
         fitting = sorted((free, i) for i, free in self.idle_vram.items() if free >= need)
         if len(fitting) < cand.gpus:
-            return Hold(cand.job_id, "vram", self._vram_message(cand, len(fitting)))
+            return self._backfill(cand, "vram", self._vram_message(cand, len(fitting)))
         return tuple(sorted(i for _, i in fitting[: cand.gpus]))
+
+    def _backfill(
+        self, cand: Candidate, reason: reservation.Reason, message: str
+    ) -> tuple[int, ...] | Hold:
+        # The free cards cannot take it: the reserved ones may (core/reservation.py).
+        got = reservation.backfill(self.reservation, self.reserved, self.idle_vram, cand, message)
+        if isinstance(got, tuple):
+            return got
+        return Hold(cand.job_id, got.reason or reason, got.message)
 
     def _place_shared(self, cand: Candidate) -> tuple[int, ...] | Hold:
         """One card with room for the job's VRAM: best fit among the cards already shared,
