@@ -97,7 +97,8 @@ class Reservation:
     def _due(self) -> str:
         if self.start_in_s is None:
             return f"no start estimate ({self._unknown()})"
-        return f"the rest due by job {self.due_to}'s time limit"
+        what = "the rest" if self.cards else "enough"
+        return f"{what} due by job {self.due_to}'s time limit"
 
     def _unknown(self) -> str:
         if self.due_to is None:

@@ -140,7 +140,7 @@ CASES: dict[str, Case] = {
         running={8: ((0,), 600), 9: ((1,), 1200)},
         queue=[c(1, gpus=2), c(2, time_s=60)],
         starts={},
-        holds={1: f"{TWO_NONE}; {AS_THEY_FREE}, {due(9)}", 2: ONE_NONE},
+        holds={1: f"{TWO_NONE}; {AS_THEY_FREE}, enough due by job 9's time limit", 2: ONE_NONE},
     ),
     "only the first wide job has cards kept; the second may backfill": Case(
         cards=3,

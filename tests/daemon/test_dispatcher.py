@@ -300,7 +300,8 @@ CASES: dict[str, tuple[int, int, float, list[tuple[Any, ...]]]] = {
                 "pass",
                 {1: (0,), 2: (1,)},
                 {
-                    3: f"{TWO_GPUS_NONE_FREE}; cards reserved for it as they free, {DUE_BY_2}",
+                    3: f"{TWO_GPUS_NONE_FREE}; cards reserved for it as they free, "
+                    "enough due by job 2's time limit",
                     4: ONE_GPU_NONE_FREE,
                 },
             ),
