@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.core.admission import Candidate, Card, HostMemory, Plan, RunningJob, plan
 from supervisor.core.jobs import Job, JobSpec
@@ -334,3 +336,47 @@ def test_time_left_counts_from_the_start_and_through_a_line() -> None:
     jobs[1] = Job(id=1, spec=spec(None))
     assert time_left_s(1, lives, jobs, wall) is None
     assert time_left_s(2, lives, jobs, wall) is None
+
+
+# --- what it promises -----------------------------------------------------------------
+
+_ends = st.one_of(st.none(), st.floats(min_value=0, max_value=10_000))
+_limits = st.one_of(st.none(), st.floats(min_value=1, max_value=10_000))
+
+
+@given(
+    busy=st.lists(_ends, min_size=1, max_size=4),
+    idle=st.integers(min_value=0, max_value=3),
+    wide=st.integers(min_value=2, max_value=5),
+    later=st.lists(st.tuples(st.integers(min_value=1, max_value=2), _limits), max_size=6),
+)
+def test_nothing_that_takes_a_kept_card_ends_after_the_wide_job_is_due(
+    busy: list[float | None], idle: int, wide: int, later: list[tuple[int, float | None]]
+) -> None:
+    """Whatever runs and waits: the first wide job keeps every idle card it could use, and
+    a job that starts on one has a --time that ends by its estimated start."""
+    running: dict[int, tuple[tuple[int, ...], float | None]] = {
+        100 + i: ((idle + i,), ends) for i, ends in enumerate(busy)
+    }
+    queue = [c(1, gpus=wide)] + [c(2 + i, gpus=g, time_s=t) for i, (g, t) in enumerate(later)]
+    case = Case(idle + len(busy), running, queue, {}, {})
+    p = run(case)
+    if wide > case.cards:  # it could never start (a later wide job may keep cards instead)
+        return
+    if wide <= idle:
+        assert p.starts[0].job_id == 1
+        return
+    cards = [Card(i, CARD, 0, True, ()) for i in range(idle)] + [
+        Card(idle + i, CARD, 0, True, (100 + i,)) for i in range(len(busy))
+    ]
+    jobs = [RunningJob(j, None, 0, g, 0, ends_in_s=e) for j, (g, e) in running.items()]
+    res = reserve(queue[0], {i: CARD for i in range(idle)}, cards, jobs, {})
+    assert res.cards == tuple(range(idle))
+    limits = {cand.job_id: cand.time_limit_s for cand in queue}
+    for start in p.starts:
+        if set(start.gpus) & set(res.cards):
+            limit = limits[start.job_id]
+            assert limit is not None and res.start_in_s is not None
+            assert limit <= res.start_in_s
+    left = set(res.cards) - {card for s in p.starts for card in s.gpus}
+    assert set(p.reserved) == left
