@@ -130,10 +130,9 @@ def plan(
     does not fit the free host RAM is held, unless nothing runs and nothing started
     before it. Later jobs may start past a held one (backfill) until a held job has
     waited max_backfill_wait_s; from then on it is a barrier until it runs (see
-    _Barrier). The first job of several cards held for cards has the idle cards that
-    fit it reserved, and only a job whose --time ends before it is due to start may take
-    them (core/reservation.py). The scan stops as soon as no card and no CPU slot is left
-    (nor a reserved card that a job could still take); the jobs after that point get no
+    _Barrier). The first job of several cards held for cards has cards kept for it
+    (core/reservation.py). The scan stops as soon as no card and no CPU slot is left
+    (nor a kept card that a job could still take); the jobs after that point get no
     entry.
     """
     pool = _Pool.build(cards, running, cpu_slots_free, host)
@@ -150,7 +149,8 @@ def plan(
             continue
         placed = pool.evaluate(cand)
         if isinstance(placed, Hold):
-            placed = pool.reserve_for(cand, placed, running)
+            words = pool.keep.hold(cand, placed.reason, placed.message)
+            placed = Hold(cand.job_id, placed.reason, words)
             holds.append(placed)
             starving = _starving(cand, now, max_backfill_wait_s)
             if barrier is None and starving and pool.possible(cand):
@@ -165,7 +165,7 @@ def plan(
             if cand.array is not None:
                 arrays[cand.array] += 1
             starts.append(Start(cand.job_id, placed, (cand.vram_mb or 0) if placed else 0))
-    return Plan(tuple(starts), tuple(holds), tuple(sorted(pool.reserved)))
+    return Plan(tuple(starts), tuple(holds), tuple(sorted(pool.keep.reserved)))
 
 
 def _starving(cand: Candidate, now: float, max_wait_s: float) -> bool:
@@ -223,6 +223,7 @@ class _Pool:
         ram_free: int,
         running_any: bool,
         cards: Sequence[Card] = (),
+        running: Sequence[RunningJob] = (),
     ) -> None:
         self.idle_vram = idle_vram  # card index -> free VRAM, healthy cards with no job
         self.shared_vram = shared_vram  # the same for healthy cards running only shared jobs
@@ -230,10 +231,7 @@ class _Pool:
         self.cpu_free = cpu_free
         self.ram_free = ram_free
         self.started_any = running_any
-        self.cards = cards
-        self.reservation: reservation.Reservation | None = None
-        self.reserved: dict[int, int] = {}  # idle cards taken out of idle_vram for it
-        self.starting: dict[int, tuple[float | None, int]] = {}  # card -> (--time, job)
+        self.keep = reservation.Keeper(cards, running, idle_vram, self.possible)
 
     @classmethod
     def build(
@@ -252,12 +250,11 @@ class _Pool:
                 company[c.index] = free
         healthy = [c.vram_total_mb for c in cards if c.healthy]
         ram_free = free_for_new_mb(host, running)
-        return cls(idle, company, healthy, cpu_free, ram_free, bool(running), cards)
+        return cls(idle, company, healthy, cpu_free, ram_free, bool(running), cards, running)
 
     def exhausted(self) -> bool:
         room = any(free > 0 for free in self.shared_vram.values())
-        backfill = self.reserved and self.reservation and self.reservation.may_backfill()
-        return not self.idle_vram and not room and self.cpu_free <= 0 and not backfill
+        return not self.idle_vram and not room and self.cpu_free <= 0 and not self.keep.open()
 
     def possible(self, cand: Candidate) -> bool:
         return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram)
@@ -286,29 +283,17 @@ class _Pool:
             return Hold(cand.job_id, "host_ram", message)
         return None
 
-    def reserve_for(self, cand: Candidate, hold: Hold, running: Sequence[RunningJob]) -> Hold:
-        """The first wide job held for cards has the idle ones that fit it kept for it."""
-        if (
-            self.reservation is None
-            and reservation.wants(cand, hold.reason)
-            and self.possible(cand)
-        ):
-            res = reservation.reserve(cand, self.idle_vram, self.cards, running, self.starting)
-            self.reserved = {i: self.idle_vram.pop(i) for i in res.cards}
-            self.reservation, hold = res, Hold(cand.job_id, hold.reason, res.waiting(hold.message))
-        return hold
-
     def take(self, cand: Candidate, placed: tuple[int, ...], *, book_ram: bool) -> None:
         for index in placed:
             if cand.share:
                 free = self.idle_vram.pop(index, None)
                 free = self.shared_vram[index] if free is None else free
                 self.shared_vram[index] = free - (cand.vram_mb or 0)
-            elif self.reserved.pop(index, None) is None:
+            elif not self.keep.take(index):
                 del self.idle_vram[index]
         if cand.gpus <= 0:
             self.cpu_free -= 1
-        self.starting.update(dict.fromkeys(placed, (cand.time_limit_s, cand.job_id)))
+        self.keep.started(cand, placed)
         if book_ram:
             self.ram_free -= _projected(cand) or 0
             self.started_any = True
@@ -337,11 +322,8 @@ class _Pool:
     def _backfill(
         self, cand: Candidate, reason: reservation.Reason, message: str
     ) -> tuple[int, ...] | Hold:
-        # The free cards cannot take it: the reserved ones may (core/reservation.py).
-        got = reservation.backfill(self.reservation, self.reserved, self.idle_vram, cand, message)
-        if isinstance(got, tuple):
-            return got
-        return Hold(cand.job_id, got.reason or reason, got.message)
+        got = self.keep.backfill(cand, reason, message)  # onto cards kept for a wide job?
+        return Hold(cand.job_id, *got) if isinstance(got, reservation.Wait) else got
 
     def _place_shared(self, cand: Candidate) -> tuple[int, ...] | Hold:
         """One card with room for the job's VRAM: best fit among the cards already shared,

@@ -12,9 +12,9 @@ rules are described for operators in docs/host-memory.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from supervisor.core.jobs import Job
 from supervisor.core.records import epoch_of
@@ -37,6 +37,9 @@ class Candidate(Protocol):
     def share(self) -> bool: ...
     @property
     def time_limit_s(self) -> float | None: ...
+
+
+C = TypeVar("C", bound=Candidate)
 
 
 class Card(Protocol):
@@ -151,9 +154,8 @@ def wants(cand: Candidate, reason: str) -> bool:
     return reason in ("gpus", "vram") and cand.gpus > 1 and not cand.share
 
 
-@dataclass(frozen=True)
-class Wait:
-    reason: Reason | None  # None: the job's own reason stands
+class Wait(NamedTuple):
+    reason: Reason
     message: str
 
 
@@ -162,15 +164,16 @@ def backfill(
     reserved: Mapping[int, int],
     idle_vram: Mapping[int, int],
     cand: Candidate,
+    reason: Reason,
     message: str,
 ) -> tuple[int, ...] | Wait:
-    """For a whole-card job that the free cards cannot take (`message` says why): the
-    cards it gets when its --time ends before the wide job is due; else why it waits: for
-    the reserved cards when they would fit it, else its own hold, naming what is kept.
-    Reserved cards go first (it ends before they are wanted), so that the free ones stay
-    for jobs without a time limit; best fit within each."""
+    """For a whole-card job that the free cards cannot take (held for `reason`, `message`
+    says why): the cards it gets when its --time ends before the wide job is due; else why
+    it waits: for the reserved cards when they would fit it, else its own hold, naming
+    what is kept. Reserved cards go first (it ends before they are wanted), so that the
+    free ones stay for jobs without a time limit; best fit within each."""
     if res is None or not reserved:
-        return Wait(None, message)
+        return Wait(reason, message)
     need = cand.vram_mb or 0
     fitting = sorted(
         (i not in reserved, free, i)
@@ -179,10 +182,54 @@ def backfill(
         if free >= need
     )
     if len(fitting) < cand.gpus:
-        return Wait(None, f"{message}; {res.kept()}")
+        return Wait(reason, f"{message}; {res.kept()}")
     if res.admits(cand.time_limit_s):
         return tuple(sorted(i for _, _, i in fitting[: cand.gpus]))
     return Wait("gpus", res.blocked(cand.time_limit_s))
+
+
+class Keeper(Generic[C]):
+    """What one admission pass keeps for the first wide job it holds for cards: admission's
+    pool has one, and asks it as it holds, places and starts jobs."""
+
+    def __init__(
+        self,
+        cards: Sequence[Card],
+        running: Sequence[RunningJob],
+        idle_vram: dict[int, int],
+        possible: Callable[[C], bool],
+    ) -> None:
+        self.cards, self.running = cards, running
+        self.idle_vram = idle_vram  # the pool's free cards, which kept ones leave
+        self.possible = possible  # whether a job could ever start here
+        self.reservation: Reservation | None = None
+        self.reserved: dict[int, int] = {}  # kept idle cards (out of the free pool) -> VRAM
+        self.starting: dict[int, tuple[float | None, int]] = {}  # card -> (--time, job)
+
+    def hold(self, cand: C, reason: str, message: str) -> str:
+        """The words of a held job. The first wide job held for cards that could ever start
+        here has the free cards that fit it taken out of the pool and kept for it."""
+        if self.reservation is not None or not wants(cand, reason) or not self.possible(cand):
+            return message
+        res = reserve(cand, self.idle_vram, self.cards, self.running, self.starting)
+        self.reservation, self.reserved = res, {i: self.idle_vram.pop(i) for i in res.cards}
+        return res.waiting(message)
+
+    def backfill(self, cand: Candidate, reason: Reason, message: str) -> tuple[int, ...] | Wait:
+        return backfill(self.reservation, self.reserved, self.idle_vram, cand, reason, message)
+
+    def take(self, index: int) -> bool:
+        """Whether the card was a kept one (taken by a job that ends before it is wanted)."""
+        return self.reserved.pop(index, None) is not None
+
+    def started(self, cand: Candidate, placed: tuple[int, ...]) -> None:
+        """A job took these cards in this pass: they free by its --time, if it has one."""
+        self.starting.update(dict.fromkeys(placed, (cand.time_limit_s, cand.job_id)))
+
+    def open(self) -> bool:
+        """Whether a later job could still take a kept card."""
+        res = self.reservation
+        return bool(self.reserved) and res is not None and res.may_backfill()
 
 
 def time_left_s(

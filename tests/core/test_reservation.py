@@ -312,8 +312,8 @@ def test_an_overdue_job_gives_a_start_of_now() -> None:
 
 def test_backfill_puts_a_job_on_kept_cards_first() -> None:
     res = Reservation(1, (0,), 600.0, 9)
-    assert backfill(res, {0: CARD}, {3: CARD}, c(2, gpus=2, time_s=60), "m") == (0, 3)
-    assert backfill(res, {0: CARD}, {3: CARD}, c(2, gpus=1, time_s=60), "m") == (0,)
+    assert backfill(res, {0: CARD}, {3: CARD}, c(2, gpus=2, time_s=60), "gpus", "m") == (0, 3)
+    assert backfill(res, {0: CARD}, {3: CARD}, c(2, gpus=1, time_s=60), "gpus", "m") == (0,)
 
 
 def spec(limit: float | None) -> JobSpec:
