@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from supervisor.core import pinning
+from supervisor.core import pinning, reservation
 from supervisor.core.projection import Projection
 
 HoldReason = Literal["host_ram", "vram", "gpus", "cpu", "array", "cards"]
@@ -42,6 +42,7 @@ class RunningJob:
     vram_reserved_mb: int  # per card
     shared: bool = False  # may have company on its card
     array: int | None = None
+    ends_in_s: float | None = None  # until its --time ends it; None: no limit, or unknown
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Candidate:
     array: int | None = None
     cap: int | None = None  # at most this many of its array run at once
     cards: tuple[int, ...] | None = None  # pinned: only these cards (None: any)
+    time_limit_s: float | None = None  # its --time
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Hold:
 class Plan:
     starts: tuple[Start, ...]
     holds: tuple[Hold, ...]
+    reserved: tuple[int, ...] = ()  # idle cards left idle for a wide job (core/reservation)
 
 
 def free_for_new_mb(host: HostMemory, running: Sequence[RunningJob]) -> int:
@@ -129,8 +132,10 @@ def plan(
     does not fit the free host RAM is held, unless nothing runs and nothing started
     before it. Later jobs may start past a held one (backfill) until a held job has
     waited max_backfill_wait_s; from then on it is a barrier until it runs (see
-    _Barrier). The scan stops as soon as no card and no CPU slot is left; the jobs
-    after that point get no entry.
+    _Barrier). The first job of several cards held for cards has cards kept for it
+    (core/reservation.py). The scan stops as soon as no card and no CPU slot is left
+    (nor a kept card that a job could still take); the jobs after that point get no
+    entry.
     """
     pool = _Pool.build(cards, running, cpu_slots_free, host)
     starts: list[Start] = []
@@ -146,6 +151,8 @@ def plan(
             continue
         placed = pool.evaluate(cand)
         if isinstance(placed, Hold):
+            words = pool.keep.hold(cand, placed.reason, placed.message)
+            placed = Hold(cand.job_id, placed.reason, words)
             holds.append(placed)
             starving = _starving(cand, now, max_backfill_wait_s)
             if barrier is None and starving and pool.possible(cand):
@@ -160,7 +167,7 @@ def plan(
             if cand.array is not None:
                 arrays[cand.array] += 1
             starts.append(Start(cand.job_id, placed, (cand.vram_mb or 0) if placed else 0))
-    return Plan(tuple(starts), tuple(holds))
+    return Plan(tuple(starts), tuple(holds), tuple(sorted(pool.keep.reserved)))
 
 
 def _starving(cand: Candidate, now: float, max_wait_s: float) -> bool:
@@ -217,6 +224,8 @@ class _Pool:
         cpu_free: int,
         ram_free: int,
         running_any: bool,
+        cards: Sequence[Card] = (),
+        running: Sequence[RunningJob] = (),
     ) -> None:
         self.idle_vram = idle_vram  # card index -> free VRAM, healthy cards with no job
         self.shared_vram = shared_vram  # the same for healthy cards running only shared jobs
@@ -224,6 +233,7 @@ class _Pool:
         self.cpu_free = cpu_free
         self.ram_free = ram_free
         self.started_any = running_any
+        self.keep = reservation.Keeper(cards, running, idle_vram, self.possible)
 
     @classmethod
     def build(
@@ -242,11 +252,11 @@ class _Pool:
                 company[c.index] = free
         healthy = {c.index: c.vram_total_mb for c in cards if c.healthy}
         ram_free = free_for_new_mb(host, running)
-        return cls(idle, company, healthy, cpu_free, ram_free, bool(running))
+        return cls(idle, company, healthy, cpu_free, ram_free, bool(running), cards, running)
 
     def exhausted(self) -> bool:
         room = any(free > 0 for free in self.shared_vram.values())
-        return not self.idle_vram and not room and self.cpu_free <= 0
+        return not self.idle_vram and not room and self.cpu_free <= 0 and not self.keep.open()
 
     def possible(self, cand: Candidate) -> bool:
         return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram, cand.cards)
@@ -281,10 +291,11 @@ class _Pool:
                 free = self.idle_vram.pop(index, None)
                 free = self.shared_vram[index] if free is None else free
                 self.shared_vram[index] = free - (cand.vram_mb or 0)
-            else:
+            elif not self.keep.take(index):
                 del self.idle_vram[index]
         if cand.gpus <= 0:
             self.cpu_free -= 1
+        self.keep.started(cand, placed)
         if book_ram:
             self.ram_free -= _projected(cand) or 0
             self.started_any = True
@@ -304,12 +315,12 @@ class _Pool:
             message = f"waiting for {cand.gpus} free {noun}, {idle} free"
             if self.shared_vram:
                 message += f" ({_cards(self.shared_vram)} run shared jobs)"
-            return Hold(cand.job_id, "gpus", message)
+            return self._backfill(cand, "gpus", message)
         need = cand.vram_mb or 0
         # Best fit: the smallest free space that suffices keeps big cards for big jobs.
         fitting = sorted((free, i) for i, free in self.idle_vram.items() if free >= need)
         if len(fitting) < cand.gpus:
-            return Hold(cand.job_id, "vram", self._vram_message(cand, len(fitting)))
+            return self._backfill(cand, "vram", self._vram_message(cand, len(fitting)))
         return tuple(sorted(i for _, i in fitting[: cand.gpus]))
 
     def _place_pinned(self, cand: Candidate) -> tuple[int, ...] | Hold:
@@ -318,6 +329,12 @@ class _Pool:
         need = cand.vram_mb or 0
         placed = pinning.place(self.idle_vram, cand.gpus, need, cand.cards, gb(need))
         return Hold(cand.job_id, "cards", placed) if isinstance(placed, str) else placed
+
+    def _backfill(
+        self, cand: Candidate, reason: reservation.Reason, message: str
+    ) -> tuple[int, ...] | Hold:
+        got = self.keep.backfill(cand, reason, message)  # onto cards kept for a wide job?
+        return Hold(cand.job_id, *got) if isinstance(got, reservation.Wait) else got
 
     def _place_shared(self, cand: Candidate) -> tuple[int, ...] | Hold:
         """One card with room for the job's VRAM: best fit among the cards already shared,

@@ -20,6 +20,7 @@ from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessSta
 from supervisor.core.jobqueue import Key, array_kind, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
 from supervisor.core.projection import Projection
+from supervisor.core.reservation import time_left_s
 from supervisor.core.table import Live, line_of, waiting_ahead
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
@@ -128,9 +129,11 @@ class Dispatcher:
                 array=job.spec.array_id,
                 cap=job.spec.max_running,
                 cards=job.spec.cards,
+                time_limit_s=job.spec.time_limit_s,
             )
 
     def running_use(self) -> list[admission.RunningJob]:
+        lives, now_wall = self.table.live, time.time()
         return [
             admission.RunningJob(
                 job_id=job_id,
@@ -140,8 +143,9 @@ class Dispatcher:
                 vram_reserved_mb=r.vram_reserved_mb,
                 shared=spec.share if spec else False,
                 array=spec.array_id if spec else None,
+                ends_in_s=time_left_s(job_id, lives, self.table.jobs, now_wall),
             )
-            for job_id, r in self.table.live.items()
+            for job_id, r in lives.items()
             for spec in [self._spec(job_id)]
         ] + list(self._claimed.values())
 
@@ -368,8 +372,10 @@ class Dispatcher:
                 if h.reason != "array"
                 and (job := self.table.jobs[h.job_id]).spec.array_id is not None
             }
+            kept = {"gpu": len(plan.reserved)}  # idle for a wide job: no more may start there
             if all(
-                k in blocked or used_before(started, k, key, idle) >= free.get(k, 0)
+                k in blocked
+                or used_before(started, k, key, idle) + kept.get(k, 0) >= free.get(k, 0)
                 for k, key in cuts.items()
             ):
                 return plan
@@ -392,7 +398,3 @@ class Dispatcher:
             self.beat()
             with anyio.move_on_after(delay if delay is not None else 3600):
                 await self.wake.wait()
-
-    def held_counts(self) -> dict[str, int]:
-        """Queued jobs by hold reason."""
-        return self.table.held_counts()

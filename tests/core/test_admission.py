@@ -28,6 +28,7 @@ CARD = 24 * GB
 HOST = HostMemory(limit_mb=125 * GB, available_mb=120 * GB, reserve_mb=6 * GB)
 NOW = 10_000.0
 WAIT = 900.0
+TWO_OF_ONE = "waiting for 2 free GPUs, 1 free"
 
 
 def cand(
@@ -37,9 +38,10 @@ def cand(
     vram_mb: int | None = None,
     mb: int | None = None,
     held_since: float | None = None,
+    time_s: float | None = None,
 ) -> Candidate:
     projection = Projection(mb, "observed", 1) if mb is not None else None
-    return Candidate(job_id, gpus, vram_mb, projection, held_since)
+    return Candidate(job_id, gpus, vram_mb, projection, held_since, time_limit_s=time_s)
 
 
 def idle(*indices: int, used: int = 0) -> list[Card]:
@@ -69,8 +71,14 @@ def busy_card(index: int, job_id: int) -> Card:
     return Card(index, CARD, 20 * GB, True, (job_id,))
 
 
-def running_job(job_id: int, mb: int | None, rss: int, gpus: tuple[int, ...] = (0,)) -> RunningJob:
-    return RunningJob(job_id, mb, rss, gpus, 0)
+def running_job(
+    job_id: int,
+    mb: int | None,
+    rss: int,
+    gpus: tuple[int, ...] = (0,),
+    ends_in_s: float | None = None,
+) -> RunningJob:
+    return RunningJob(job_id, mb, rss, gpus, 0, ends_in_s=ends_in_s)
 
 
 # --- the free figure ------------------------------------------------------------------
@@ -166,12 +174,19 @@ def test_nothing_passes_a_job_held_longer_than_the_backfill_limit() -> None:
 
 def test_behind_a_starving_gang_job_gpu_jobs_wait_and_cpu_jobs_still_run() -> None:
     cards = [*idle(0), busy_card(1, 9)]
-    running = [running_job(9, 10 * GB, 10 * GB, (1,))]
-    candidates = [cand(1, gpus=2, held_since=NOW - 2 * WAIT), cand(2), cand(3, gpus=0)]
+    # Job 2 ends before job 9 frees card 1, so only the barrier keeps it off card 0.
+    running = [running_job(9, 10 * GB, 10 * GB, (1,), ends_in_s=3600)]
+    candidates = [
+        cand(1, gpus=2, held_since=NOW - 2 * WAIT),
+        cand(2, time_s=60),
+        cand(3, gpus=0),
+    ]
     p = run(candidates, cards=cards, running=running, cpu=1)
     assert p.starts == (Start(3, (), 0),)
     assert p.holds == (
-        Hold(1, "gpus", "waiting for 2 free GPUs, 1 free"),
+        Hold(
+            1, "gpus", f"{TWO_OF_ONE}; card 0 reserved for it, the rest due by job 9's time limit"
+        ),
         Hold(2, "gpus", "waiting behind job 1, which waits for free GPUs"),
     )
 
@@ -206,7 +221,10 @@ def test_a_gang_job_waits_for_enough_free_cards() -> None:
     cards = [*idle(0), busy_card(1, 9)]
     running = [running_job(9, None, 1 * GB, (1,))]
     p = run([cand(1, gpus=2)], cards=cards, running=running)
-    assert p == Plan((), (Hold(1, "gpus", "waiting for 2 free GPUs, 1 free"),))
+    unknown = "no start estimate (job 9 has no time limit)"
+    assert p == Plan(
+        (), (Hold(1, "gpus", f"{TWO_OF_ONE}; card 0 reserved for it, {unknown}"),), (0,)
+    )
 
 
 def test_vram_goes_to_a_card_that_has_it_and_is_reserved() -> None:
@@ -227,9 +245,9 @@ def test_vram_best_fit_keeps_the_big_card_for_the_big_job() -> None:
 def test_gang_vram_message_counts_the_cards_that_have_it() -> None:
     cards = [Card(0, CARD, 0, True, ()), Card(1, CARD, 20 * GB, True, ())]
     p = run([cand(1, gpus=2, vram_mb=20 * GB)], cards=cards)
-    assert p.holds == (
-        Hold(1, "vram", "waiting for VRAM: needs ~20 GiB on each of 2 cards, 1 have it"),
-    )
+    message = "waiting for VRAM: needs ~20 GiB on each of 2 cards, 1 have it"
+    unknown = "no start estimate (no running job frees a card that fits it)"
+    assert p.holds == (Hold(1, "vram", f"{message}; card 0 reserved for it, {unknown}"),)
 
 
 def test_booked_vram_counts_even_before_the_job_uses_it() -> None:
@@ -455,14 +473,19 @@ def test_behind_a_starving_vram_job_gpu_jobs_wait_and_cpu_jobs_run() -> None:
 
 
 def test_a_job_held_just_under_the_limit_is_no_barrier() -> None:
-    candidates = [cand(1, gpus=2, held_since=NOW - WAIT + 1), cand(2)]
-    p = run(candidates, cards=[*idle(0), busy_card(1, 9)], running=[running_job(9, None, 1)])
+    # Job 2 ends before job 9 does: the reservation lets it pass, and no barrier stops it.
+    candidates = [cand(1, gpus=2, held_since=NOW - WAIT + 1), cand(2, time_s=60)]
+    running = [running_job(9, None, 1, ends_in_s=3600)]
+    p = run(candidates, cards=[*idle(0), busy_card(1, 9)], running=running)
     assert p.starts == (Start(2, (0,), 0),)
-    assert p.holds == (Hold(1, "gpus", "waiting for 2 free GPUs, 1 free"),)
+    assert [(h.job_id, h.reason) for h in p.holds] == [(1, "gpus")]
 
 
 def test_a_job_never_held_is_no_barrier() -> None:
-    p = run([cand(1, gpus=2), cand(2)], cards=[*idle(0), busy_card(1, 9)])
+    running = [running_job(9, None, 1, ends_in_s=3600)]
+    p = run(
+        [cand(1, gpus=2), cand(2, time_s=60)], cards=[*idle(0), busy_card(1, 9)], running=running
+    )
     assert p.starts == (Start(2, (0,), 0),)
 
 
@@ -473,9 +496,10 @@ def test_only_the_first_starving_job_is_the_barrier() -> None:
     candidates = [
         cand(1, gpus=0, held_since=NOW - WAIT),
         cand(2, gpus=2, held_since=NOW - WAIT),
-        cand(3),
+        cand(3, time_s=60),  # ends before job 9: job 2's reservation lets it pass
     ]
-    p = run(candidates, cards=cards, running=[running_job(9, None, 1)], cpu=0)
+    running = [running_job(9, None, 1, ends_in_s=3600)]
+    p = run(candidates, cards=cards, running=running, cpu=0)
     assert p.starts == (Start(3, (0,), 0),)
     assert [h.job_id for h in p.holds] == [1, 2]
 

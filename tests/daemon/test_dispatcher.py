@@ -105,6 +105,12 @@ class Machine:
 ONE_GPU_NONE_FREE = "waiting for 1 free GPU, 0 free"
 TWO_GPUS_NONE_FREE = "waiting for 2 free GPUs, 0 free"
 TWO_GPUS_ONE_FREE = "waiting for 2 free GPUs, 1 free"
+NO_ESTIMATE_2 = "no start estimate (job 2 has no time limit)"
+NO_ESTIMATE_3 = "no start estimate (job 3 has no time limit)"
+DUE_BY_2 = "the rest due by job 2's time limit"
+CARD_0_FOR_3 = "waiting for card 0, reserved for job 3"
+ONLY_ENDING_BEFORE = "only a job whose --time ends before its start may use them"
+ENDS_AFTER_2 = "its start is due by job 2's time limit; --time ends after"
 A_CPU_SLOT = "waiting for a free CPU slot"
 VRAM_20G = "waiting for VRAM: needs ~20 GiB on one card, ~16 GiB free at most"
 ARRAY_1_CAP_2 = "waiting for array 1: at most 2 of its jobs run at once"
@@ -152,7 +158,7 @@ CASES: dict[str, tuple[int, int, float, list[tuple[Any, ...]]]] = {
             ("pass", {2: (0,)}, {3: None}),
         ],
     ),
-    "a freed card goes past the two-card jobs to the one-card job behind them": (
+    "a freed card is kept for the first two-card job, not given to a one-card job behind": (
         2,
         1,
         1e9,
@@ -163,15 +169,58 @@ CASES: dict[str, tuple[int, int, float, list[tuple[Any, ...]]]] = {
             (
                 "pass",
                 {1: (0,), 2: (1,)},
-                {**dict.fromkeys(range(3, 15), TWO_GPUS_NONE_FREE), 15: ONE_GPU_NONE_FREE},
+                {
+                    3: f"{TWO_GPUS_NONE_FREE}; cards reserved for it as they free, {NO_ESTIMATE_2}",
+                    **dict.fromkeys(range(4, 15), TWO_GPUS_NONE_FREE),
+                    15: ONE_GPU_NONE_FREE,
+                },
             ),
             ("end", 1),
-            ("pass", {2: (1,), 15: (0,)}, dict.fromkeys(range(3, 15), TWO_GPUS_ONE_FREE)),
-            # Told "1 free" in a pass that began with one free: read again, now "0 free".
-            ("pass", {2: (1,), 15: (0,)}, dict.fromkeys(range(3, 15), TWO_GPUS_NONE_FREE)),
+            # The first 1 + 8 settled jobs are read; the kept card counts as used, so the
+            # rest keep their words (a whole-queue pass would start nothing either).
+            (
+                "pass",
+                {2: (1,)},
+                {
+                    3: f"{TWO_GPUS_ONE_FREE}; card 0 reserved for it, {NO_ESTIMATE_2}",
+                    **dict.fromkeys(
+                        range(4, 12), f"{TWO_GPUS_NONE_FREE}; card 0 reserved for job 3"
+                    ),
+                    **dict.fromkeys(range(12, 15), TWO_GPUS_NONE_FREE),
+                    15: ONE_GPU_NONE_FREE,
+                },
+            ),
             ("end", 2),
-            ("end", 15),
-            ("pass", {3: (0, 1)}, dict.fromkeys(range(4, 15), TWO_GPUS_NONE_FREE)),
+            (
+                "pass",
+                {3: (0, 1)},
+                {
+                    4: f"{TWO_GPUS_NONE_FREE}; cards reserved for it as they free, {NO_ESTIMATE_3}",
+                    **dict.fromkeys(range(5, 13), TWO_GPUS_NONE_FREE),
+                    **dict.fromkeys(range(13, 15), TWO_GPUS_NONE_FREE),
+                    15: ONE_GPU_NONE_FREE,
+                },
+            ),
+        ],
+    ),
+    "a one-card job whose --time ends before the reservation backfills onto it": (
+        2,
+        1,
+        1e9,
+        [
+            ("submit", [spec(time_limit_s=3600), spec(time_limit_s=7200)]),
+            ("pass", {1: (0,), 2: (1,)}, {}),
+            ("end", 1),
+            ("submit", [spec(gpus=2), spec(), spec(time_limit_s=9000), spec(time_limit_s=600)]),
+            (
+                "pass",
+                {2: (1,), 6: (0,)},
+                {
+                    3: f"{TWO_GPUS_ONE_FREE}; card 0 reserved for it, {DUE_BY_2}",
+                    4: f"{CARD_0_FOR_3} ({ONLY_ENDING_BEFORE})",
+                    5: f"{CARD_0_FOR_3} ({ENDS_AFTER_2})",
+                },
+            ),
         ],
     ),
     "VRAM only the bigger cards have": (
@@ -242,15 +291,28 @@ CASES: dict[str, tuple[int, int, float, list[tuple[Any, ...]]]] = {
         1,
         0.0,
         [
-            ("submit", [spec(), spec()]),
+            ("submit", [spec(time_limit_s=3600), spec(time_limit_s=3600)]),
             ("pass", {1: (0,), 2: (1,)}, {}),
-            ("submit", [spec(gpus=2), spec()]),
-            ("pass", {1: (0,), 2: (1,)}, {3: TWO_GPUS_NONE_FREE, 4: ONE_GPU_NONE_FREE}),
+            # Job 4 ends before job 3 is due: the reservation would let it pass, the
+            # barrier does not.
+            ("submit", [spec(gpus=2), spec(time_limit_s=60)]),
+            (
+                "pass",
+                {1: (0,), 2: (1,)},
+                {
+                    3: f"{TWO_GPUS_NONE_FREE}; cards reserved for it as they free, "
+                    "enough due by job 2's time limit",
+                    4: ONE_GPU_NONE_FREE,
+                },
+            ),
             ("end", 1),
             (
                 "pass",
                 {2: (1,)},
-                {3: TWO_GPUS_ONE_FREE, 4: "waiting behind job 3, which waits for free GPUs"},
+                {
+                    3: f"{TWO_GPUS_ONE_FREE}; card 0 reserved for it, {DUE_BY_2}",
+                    4: "waiting behind job 3, which waits for free GPUs",
+                },
             ),
             ("end", 2),
             ("pass", {3: (0, 1)}, {4: ONE_GPU_NONE_FREE}),
