@@ -3,6 +3,8 @@ left out, the request's own values where it gave them, names and array indices."
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import replace
 from typing import Any
 
@@ -67,9 +69,21 @@ def test_a_stall_timeout_of_zero_is_off() -> None:
 
 
 def test_the_memory_key_defaults_to_the_program() -> None:
-    [a, b] = specs(submit(("python", "train.py", "--lr", "1"), ("python", "eval.py")))
-    assert a.mem_key.startswith("python train.py#") and b.mem_key.startswith("python eval.py#")
+    [a, b] = specs(submit(("sh", "train.sh", "--lr", "1"), ("sh", "eval.sh")))
+    assert a.mem_key.split("#")[0].endswith("train.sh --lr N")
+    assert b.mem_key.split("#")[0].endswith("eval.sh")
     assert a.mem_key != b.mem_key
+
+
+def test_the_program_is_found_on_the_jobs_path_and_the_script_in_its_cwd() -> None:
+    # /w is the requests' working directory: `sh train.sh` there runs /w/train.sh.
+    [a, b, c] = specs(submit(("sh", "train.sh"), ("sh", "/w/train.sh"), ("sh", "/x/train.sh")))
+    assert a.mem_key == b.mem_key != c.mem_key
+    [found] = specs(submit(("sh", "x.sh")))
+    sh = shutil.which("sh")
+    assert sh is not None
+    [given] = specs(submit((os.path.realpath(sh), "x.sh")))
+    assert found.mem_key == given.mem_key
 
 
 def test_a_batch_gets_its_names_one_per_line() -> None:
