@@ -85,6 +85,7 @@ class HostMemory(TypedDict):
     projected_mb: int
     basis: Literal["observed", "fit", "declared"]
     runs: int
+    peak_mb: int | None  # the highest peak of the runs behind the history's figure
 
 
 class AttemptJson(TypedDict):
