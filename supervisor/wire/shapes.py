@@ -163,6 +163,7 @@ class SubmitReply(TypedDict, total=False):
     job: JobJson  # a single submit
     jobs: list[JobJson]  # a dry run
     repeated: bool  # a request id seen before: the first submit's jobs
+    warnings: list[str]  # for the submitter's stderr: a need above the host's limit
 
 
 class CancelResult(TypedDict, total=False):

@@ -100,3 +100,15 @@ def test_an_array_carries_its_indices_and_cap() -> None:
 def test_a_capped_batch_is_an_array_of_its_lines() -> None:
     out = specs(submit(("a",), ("b",), max_running=1))
     assert [(s.array_index, s.max_running) for s in out] == [(0, 1), (1, 1)]
+
+
+def test_over_limit_warnings_name_their_jobs_once_per_message() -> None:
+    from supervisor.core.records import Event
+    from supervisor.daemon.requests.intake import warnings
+
+    big, other = Event("mem_over_limit", "needs ~64 GiB"), Event("mem_over_limit", "needs ~90 GiB")
+    notes = ((big,), (), (big,), (other,))
+    assert warnings(notes, [7, 8, 9, 10]) == ["jobs 7, 9: needs ~64 GiB", "job 10: needs ~90 GiB"]
+    assert warnings(notes, None) == ["needs ~64 GiB", "needs ~90 GiB"]  # a dry run: no ids
+    many = tuple((big,) for _ in range(8))
+    assert warnings(many, list(range(1, 9))) == ["jobs 1, 2, 3, 4, 5 and 3 more: needs ~64 GiB"]
