@@ -3,14 +3,12 @@ what the request left out, and an array's index for each of its jobs."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from functools import cache
 from typing import Any
 
 from supervisor.core.jobs import JobSpec
-from supervisor.core.memkey import Which, mem_key
+from supervisor.core.memkey import mem_key
 from supervisor.daemon.config import RetriesConfig, WatchdogConfig
+from supervisor.daemon.programs import program_finder
 from supervisor.wire.protocol import Submit, SubmitOptions
 
 
@@ -20,7 +18,7 @@ def job_specs(
     """The jobs a submit asks for, the config's defaults filled in."""
     opts = req.options
     timeout = opts.progress_timeout_s
-    which = program_finder(opts.env.get("PATH", os.defpath))
+    which = program_finder(opts.env.get("PATH"))
     return [
         JobSpec(
             argv=argv,
@@ -50,19 +48,6 @@ def job_specs(
         )
         for i, argv in enumerate(req.argvs)
     ]
-
-
-def program_finder(path: str) -> Which:
-    """A program found on the job's PATH, as one path (symlinks resolved), so that
-    `python3` and `/usr/bin/python3` are one program. Asked once per name per submit: a
-    batch of a thousand lines reads the file system a few times, not a thousand."""
-
-    @cache
-    def which(name: str) -> str | None:
-        found = shutil.which(name, path=path)
-        return os.path.realpath(found) if found else None
-
-    return which
 
 
 def _or(given: float | None, default: float) -> float | None:
