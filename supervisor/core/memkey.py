@@ -35,7 +35,7 @@ Which = Callable[[str], str | None]
 
 _HEAD_CHARS = 60
 _DEPTH = 4  # `sh -c "sh -c '...'"` is read this deep, then kept as text
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # A number, a list, range or size of numbers, with a short unit: 8, 3e-4, 0-3, 512x512,
 # 00:01:30.5, 5M, 30s, 1080p.
 _NUMBER = re.compile(rf"{_NUM}(?:[x:,/\-]{_NUM})*[A-Za-z%]{{0,3}}")

@@ -298,3 +298,15 @@ def test_long_keys_get_a_short_readable_head() -> None:
 )
 def test_mem_key_by_table(argv: tuple[str, ...], expected: str) -> None:
     assert key(*argv) == expected
+
+
+def test_a_long_word_costs_linear_time() -> None:
+    """The submit path runs on the daemon's loop: no word may make a pattern backtrack
+    over it quadratically (4,000 digits once took seconds)."""
+    import time
+
+    start = time.process_time()
+    for word in ("1" * 4000 + "!", "1." * 2000 + "!", "1x" * 2000 + "!", "a." * 2000 + "="):
+        general(word)
+        kind_words(["sh", "-c", word])
+    assert time.process_time() - start < 1.0
