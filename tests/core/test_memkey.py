@@ -300,13 +300,11 @@ def test_mem_key_by_table(argv: tuple[str, ...], expected: str) -> None:
     assert key(*argv) == expected
 
 
+@pytest.mark.timeout(60)
 def test_a_long_word_costs_linear_time() -> None:
     """The submit path runs on the daemon's loop: no word may make a pattern backtrack
-    over it quadratically (4,000 digits once took seconds)."""
-    import time
-
-    start = time.process_time()
-    for word in ("1" * 4000 + "!", "1." * 2000 + "!", "1x" * 2000 + "!", "a." * 2000 + "="):
-        general(word)
+    over it quadratically. 40,000 digits take milliseconds; under a pattern with two
+    ways to split a run of digits they took minutes (the timeout's failure)."""
+    for word in ("1" * 40_000 + "!", "1." * 20_000 + "!", "1x" * 20_000 + "!", "a." * 20_000 + "="):
+        assert general(word) == word or general(word) in ("N", "PATH")
         kind_words(["sh", "-c", word])
-    assert time.process_time() - start < 1.0
