@@ -111,6 +111,8 @@ def _command(argv: list[str], ctx: _Ctx, out: list[str]) -> None:
         _interpreter(rest, ctx, out, CODE_INTERPRETERS[name])
     elif name == "blender":
         _blender(rest, ctx, out)
+    elif name == "java":
+        _java(rest, ctx, out)
     elif name in LAUNCHERS:
         _launcher(rest, ctx, out)
     elif name in RUNNERS:
@@ -249,10 +251,14 @@ def _shell_code(code: str, ctx: _Ctx) -> str:
         return _code(code)
     words: list[str] = []
     command: list[str] = []
+    inner = ctx.deeper()
     for token in [*tokens, ";"]:
         if token in _SHELL_SEPARATORS:
             if command:
-                _command(command, ctx.deeper(), words)
+                _command(command, inner, words)
+            if len(command) == 2 and command[0] == "cd" and inner.cwd is not None:
+                # `cd dir && ./run.sh`: what follows runs there
+                inner = replace(inner, cwd=os.path.join(inner.cwd, command[1]))
             command = []
             words.append(token)
         else:
@@ -298,6 +304,27 @@ def _blender(rest: list[str], ctx: _Ctx, out: list[str]) -> None:
             args.append(word)
         i += 1
     _args(args, out)
+
+
+def _java(rest: list[str], ctx: _Ctx, out: list[str]) -> None:
+    """`java -jar app.jar`: the jar is the program; else the main class, as written."""
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "-jar" and i + 1 < len(rest):
+            out += [word, _resolved(rest[i + 1], ctx)]
+            _args(rest[i + 2 :], out)
+            return
+        if word in ("-cp", "-classpath", "--class-path", "-p", "--module-path"):
+            _args(rest[i : i + 2], out)
+            i += 2
+        elif word.startswith("-"):
+            _args([word], out)  # -Xmx4g: the heap's size is what the job is
+            i += 1
+        else:
+            out.append(word)
+            _args(rest[i + 1 :], out)
+            return
 
 
 def _launcher(rest: list[str], ctx: _Ctx, out: list[str]) -> None:

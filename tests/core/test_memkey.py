@@ -216,6 +216,24 @@ def test_bash_c_is_read_as_the_commands_in_its_code() -> None:
     assert key("sh", "-c", "python3 hog.py") == key("sh", "-c", f"python3 {CWD}/hog.py")
 
 
+def test_a_cd_in_shell_code_moves_the_scripts_after_it() -> None:
+    assert words("sh", "-c", "cd /data && ./run.sh 5") == [
+        "/usr/bin/dash", "-c", "cd PATH && /data/run.sh N",
+    ]  # fmt: skip
+    assert words("sh", "-c", "cd sub; python3 hog.py") == [
+        "/usr/bin/dash", "-c", f"cd sub ; /usr/bin/python3.12 {CWD}/sub/hog.py",
+    ]  # fmt: skip
+
+
+def test_java_runs_its_jar_or_its_main_class() -> None:
+    assert words("java", "-Xmx4g", "-jar", "app.jar", "in.csv") == [
+        "java", "-Xmx4g", "-jar", f"{CWD}/app.jar", "*.csv",
+    ]  # fmt: skip
+    assert words("java", "-cp", "lib/a.jar", "com.acme.Main", "7") == [
+        "java", "-cp", "*.jar", "com.acme.Main", "N",
+    ]  # fmt: skip
+
+
 def test_shell_code_that_does_not_parse_is_kept_as_text() -> None:
     assert words("sh", "-c", "echo 'unbalanced") == ["/usr/bin/dash", "-c", "echo 'unbalanced"]
 
