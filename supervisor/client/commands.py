@@ -45,7 +45,10 @@ def submit_call(client: Client, request: dict[str, Any]) -> dict[str, Any]:
     deadline, sent = time.monotonic() + SUBMIT_RETRY_S, False
     while True:
         try:
-            return dict(client.call(request))
+            reply = dict(client.call(request))
+            for line in reply.get("warnings") or ():  # the job is queued all the same
+                sys.stderr.write(f"gpusv: warning: {line}\n")
+            return reply
         except Unreachable as exc:
             sent = sent or exc.maybe_sent
             if not sent or "request_id" not in request or exc.waited:

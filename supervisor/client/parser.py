@@ -51,7 +51,7 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     """What `submit` and `run` share: what the job needs and how it is treated."""
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs (0: CPU only; default 1)")
     p.add_argument("--vram", metavar="SIZE", help="VRAM per card, e.g. 20G (K/M/G/T: x1024)")
-    p.add_argument("--mem", metavar="SIZE", help="host RAM expected, e.g. 64G, until observed")
+    p.add_argument("--mem", metavar="SIZE", help="host RAM it needs, e.g. 64G (or history if more)")
     p.add_argument("--mem-key", dest="mem_key", metavar="KEY", help="jobs that share RAM history")
     p.add_argument(
         "--mem-scale", dest="mem_scale", type=float, metavar="X", help="problem size (RAM fit)"

@@ -164,11 +164,24 @@ def _attempt(at: dict[str, Any]) -> str:
 
 
 def _memory(job: dict[str, Any]) -> str:
+    """The figure admission uses, which of the declared --mem and the history gave it,
+    and the runs behind the history (how many, their peak)."""
     hm = job.get("host_memory")
     if not hm:
         return "no figure yet (first run is measured)"
-    runs = f" over {hm['runs']} runs" if hm.get("runs") else ""
-    return f"~{size_text(hm['projected_mb'])} ({hm['basis']}{runs})"
+    runs, peak = hm.get("runs") or 0, hm.get("peak_mb")
+    behind = f"{runs} earlier run{'s' if runs != 1 else ''}"
+    if peak:
+        behind += f" peaked at {size_text(peak)}"
+    figure = f"~{size_text(hm['projected_mb'])}"
+    if hm["basis"] == "declared":
+        if not runs:
+            return f"{figure} (declared --mem; no earlier runs)"
+        return f"{figure} (declared --mem, larger than the history: {behind})"
+    if not runs:  # only a kill for memory: a floor
+        return f"{figure} (observed: an earlier run was killed for memory near it)"
+    declared = " (larger than the declared --mem)" if job.get("mem_mb") else ""
+    return f"{figure} ({hm['basis']}: {behind}){declared}"
 
 
 def _retries(job: dict[str, Any]) -> str:
@@ -214,6 +227,7 @@ def show_lines(job: dict[str, Any], paused: bool = False) -> list[str]:
         ("gpus", f"{job['gpus_requested']} asked" + _assigned(job)),
         ("vram", size_text(job.get("vram_mb")) + " per card" if job.get("vram_mb") else "-"),
         ("host memory", _memory(job)),
+        ("memory key", job.get("mem_key") or "-"),
         ("priority", str(job.get("priority", 0))),
         ("after", ", ".join(map(str, job.get("after") or [])) or "-"),
         ("time limit", duration_text(limit) if limit else "none"),

@@ -79,7 +79,10 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _raise)
     job_id = None
     try:
-        job_id = int(client.call(request)["ids"][0])
+        submitted = client.call(request)
+        for line in submitted.get("warnings") or ():  # queued all the same
+            sys.stderr.write(f"gpusv: warning: {line}\n")
+        job_id = int(submitted["ids"][0])
         client.replay = [request]
         _stream(client, job_id)
         return exit_status(client.call({"type": "show", "ids": [job_id]})["job"])

@@ -33,6 +33,9 @@ class SubmitJobs:
     specs: tuple[JobSpec, ...]
     ended_parents: dict[int, JobState] = field(default_factory=dict)  # --after, not active
     request_id: str | None = None  # the client's: kept with the jobs, so a repeat finds them
+    # Events recorded with each job after `submitted`, by the spec's position (a need
+    # larger than the host's limit); empty: none for any.
+    notes: tuple[tuple[Event, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ Command = (
 @dataclass(frozen=True)
 class InsertJob:
     job: Job
+    notes: tuple[Event, ...] = ()  # events after `submitted`
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,9 @@ def _submit(d: Draft, cmd: SubmitJobs) -> None:
         for s in cmd.specs
     ]
     jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(specs)]
-    for job in jobs:
+    for i, job in enumerate(jobs):
         d.set_job(job)
-        d.out.writes.append(InsertJob(job))
+        d.out.writes.append(InsertJob(job, cmd.notes[i] if i < len(cmd.notes) else ()))
         d.out.actions.append(Changed(None, job))
         if job.spec.after:
             d.changes.pending[job.id] = frozenset()  # no dispatch before its parents are known

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Basis = Literal["observed", "fit", "declared"]
@@ -35,10 +35,18 @@ class MemObservation:
 class Projection:
     projected_mb: int
     basis: Basis
-    runs: int
+    runs: int  # the qualifying runs of the key, whichever basis won
+    # The highest peak of the runs behind the history's figure, before the margin: what
+    # `show` names next to a declared figure. Not part of the figure, so not compared.
+    peak_mb: int | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, object]:
-        return {"projected_mb": self.projected_mb, "basis": self.basis, "runs": self.runs}
+        return {
+            "projected_mb": self.projected_mb,
+            "basis": self.basis,
+            "runs": self.runs,
+            "peak_mb": self.peak_mb,
+        }
 
 
 def project(
@@ -50,20 +58,22 @@ def project(
 ) -> Projection | None:
     """The projected peak for the next run, or None when nothing is known.
 
-    History wins over a declared figure: what earlier runs used is evidence, a declared
-    figure is a guess, and a user whose job changed says so with a new --mem-key or
-    --mem-scale. An oom_killed attempt is a floor under every basis.
+    The larger of the history's figure and a declared one: a declaration above what
+    earlier runs used is the user saying this run is bigger (other inputs, a new
+    model), and one below it cannot undo what was seen. On a tie history is named,
+    being evidence. An oom_killed attempt is a floor under every basis.
     """
     qualifying = [h for h in history if h.reason in QUALIFYING]
     figure = _from_history(qualifying, scale, margin)
     floor = _oom_floor(history, scale, margin)
-    if figure is None and declared_mb is not None:
-        figure = Projection(declared_mb, "declared", 0)
+    if declared_mb is not None and (figure is None or declared_mb > figure.projected_mb):
+        runs = figure.runs if figure else 0
+        figure = Projection(declared_mb, "declared", runs, figure.peak_mb if figure else None)
     if figure is None:
         # Killed for memory and never completed: it needs more than it reached.
         return None if floor is None else Projection(floor, "observed", 0)
     if floor is not None and figure.projected_mb < floor:
-        return Projection(floor, figure.basis, figure.runs)
+        return replace(figure, projected_mb=floor)
     return figure
 
 
@@ -86,7 +96,7 @@ def _observed(runs: Sequence[MemObservation], margin: float) -> Projection | Non
     if not runs:
         return None
     peak = max(h.peak_rss_mb for h in runs[-WINDOW:])
-    return Projection(_with_margin(peak, margin), "observed", len(runs))
+    return Projection(_with_margin(peak, margin), "observed", len(runs), peak)
 
 
 def _fit(scaled: Sequence[MemObservation], scale: float, margin: float) -> Projection:
@@ -99,18 +109,18 @@ def _fit(scaled: Sequence[MemObservation], scale: float, margin: float) -> Proje
         # peak is a fixed cost) and no shrinking downwards.
         peak, at = max(ys), xs[0]
         estimate = peak * scale / at if scale > at else peak
-        return Projection(_with_margin(estimate, margin), "fit", len(points))
+        return Projection(_with_margin(estimate, margin), "fit", len(points), int(peak))
     n = len(points)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mean_x) ** 2 for x in xs)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
     if slope <= 0:
         # Memory that does not grow with scale cannot be extrapolated downwards safely.
-        return Projection(_with_margin(max(ys), margin), "fit", n)
+        return Projection(_with_margin(max(ys), margin), "fit", n, int(max(ys)))
     intercept = mean_y - slope * mean_x
     worst = max(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
     estimate = max(0.0, intercept + slope * scale + worst)
-    return Projection(_with_margin(estimate, margin), "fit", n)
+    return Projection(_with_margin(estimate, margin), "fit", n, int(max(ys)))
 
 
 def _recent_per_scale(scaled: Sequence[MemObservation]) -> list[tuple[float, int]]:

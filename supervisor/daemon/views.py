@@ -80,7 +80,9 @@ def job_json(
 
 
 def _memory(p: Projection | None) -> HostMemory | None:
-    return None if p is None else {"projected_mb": p.projected_mb, "basis": p.basis, "runs": p.runs}
+    if p is None:
+        return None
+    return {"projected_mb": p.projected_mb, "basis": p.basis, "runs": p.runs, "peak_mb": p.peak_mb}
 
 
 def public_view(full: JobJson) -> PublicJobJson:

@@ -98,6 +98,7 @@ class HostMemory(TypedDict):
     projected_mb: int
     basis: Literal["observed", "fit", "declared"]
     runs: int
+    peak_mb: int | None  # the highest peak of the runs behind the history's figure
 
 
 class AttemptJson(TypedDict):
@@ -176,6 +177,7 @@ class SubmitReply(TypedDict, total=False):
     job: JobJson  # a single submit
     jobs: list[JobJson]  # a dry run
     repeated: bool  # a request id seen before: the first submit's jobs
+    warnings: list[str]  # for the submitter's stderr: a need above the host's limit
 
 
 class CancelResult(TypedDict, total=False):

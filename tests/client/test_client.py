@@ -10,6 +10,7 @@ import subprocess
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import anyio
 import pytest
@@ -194,7 +195,8 @@ def test_list_and_show_read_as_words() -> None:
         "submitted_at": "2020-01-01T00:00:00.000Z",
         "waiting_for": "waiting for 2 free GPUs",
         "held": False,
-        "host_memory": {"projected_mb": 2048, "basis": "observed", "runs": 3},
+        "host_memory": {"projected_mb": 2048, "basis": "observed", "runs": 3, "peak_mb": 1950},
+        "mem_key": "python3 train.py --msg#0ad1f0a9",
         "retries": {"ordinary": {"used": 0, "budget": 3}, "gpu_hang": {"used": 0, "budget": 20}},
         "priority": 5,
         "after": [3, 4],
@@ -209,7 +211,8 @@ def test_list_and_show_read_as_words() -> None:
     text = "\n".join(show_lines(job))
     for expected in ("/srv/work", "team=nlp", "priority     5", "after        3, 4", "2h00m"):
         assert expected in text
-    assert "~2.0 GiB (observed over 3 runs)" in text and "retried" in text
+    assert "~2.0 GiB (observed: 3 earlier runs peaked at 1.9 GiB)" in text and "retried" in text
+    assert "memory key   python3 train.py --msg#0ad1f0a9" in text
     assert "None" not in text and "{" not in text
 
 
@@ -310,3 +313,32 @@ def test_a_config_file_gives_the_client_its_socket_and_a_bad_one_is_a_usage_erro
     broken.write_text("socket = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         config_socket(broken)
+
+
+@pytest.mark.parametrize(
+    ("host_memory", "mem_mb", "shown"),
+    [
+        (
+            {"projected_mb": 65536, "basis": "declared", "runs": 5, "peak_mb": 727},
+            65536,
+            "~64.0 GiB (declared --mem, larger than the history: 5 earlier runs peaked at 727 MiB)",
+        ),
+        (
+            {"projected_mb": 8192, "basis": "declared", "runs": 0, "peak_mb": None},
+            8192,
+            "~8.0 GiB (declared --mem; no earlier runs)",
+        ),
+        (
+            {"projected_mb": 3000, "basis": "observed", "runs": 1, "peak_mb": 2857},
+            1024,
+            "(observed: 1 earlier run peaked at 2.8 GiB) (larger than the declared --mem)",
+        ),
+    ],
+)
+def test_show_says_which_figure_admission_uses(
+    host_memory: dict[str, Any], mem_mb: int, shown: str
+) -> None:
+    job = {"id": 1, "state": "queued", "argv": ["x"], "gpus_requested": 0, "mem_mb": mem_mb,
+           "host_memory": host_memory, "retries": {"ordinary": {"used": 0, "budget": 3},
+           "gpu_hang": {"used": 0, "budget": 20}}}  # fmt: skip
+    assert shown in "\n".join(show_lines(job))

@@ -14,7 +14,7 @@ from supervisor.core.draft import Step
 from supervisor.core.engine import step
 from supervisor.core.jobs import TRANSITIONS, ExitStatus, FailureReason, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts
-from supervisor.core.records import Attempt
+from supervisor.core.records import Attempt, Event
 from supervisor.core.table import Phase, Table
 
 NOW = c.Now(1_700_000_000.0, 500.0)
@@ -314,3 +314,10 @@ def _invariants(t: Table) -> None:
     queued = {j for j, job in t.jobs.items() if job.state is JobState.QUEUED}
     assert len(t.queue) == len(queued)
     assert set(t.held_since) <= queued and t.announced <= queued
+
+
+def test_a_submits_notes_are_recorded_with_its_jobs() -> None:
+    note = Event("mem_over_limit", "needs more than the host has")
+    out = run(Table(), c.SubmitJobs((spec(), spec()), notes=((), (note,))))
+    inserts = [w for w in out.writes if isinstance(w, c.InsertJob)]
+    assert [w.notes for w in inserts] == [(), (note,)]

@@ -28,9 +28,35 @@ def test_declared_when_there_is_no_history() -> None:
     assert project([], declared_mb=8000, scale=None, margin=0.05) == Projection(8000, "declared", 0)
 
 
-def test_history_wins_over_a_declared_figure() -> None:
-    p = project([ok(50_000)], declared_mb=100_000, scale=None, margin=0.0)
+def test_a_declared_figure_above_the_history_wins_and_names_the_runs_behind_it() -> None:
+    # The user says this run is bigger: 64 GiB declared over runs that peaked at 727 MiB.
+    p = project([ok(700), ok(727)], declared_mb=65_536, scale=None, margin=0.05)
+    assert p == Projection(65_536, "declared", 2)
+    assert p is not None and p.peak_mb == 727
+
+
+def test_a_declared_figure_below_the_history_loses_to_it() -> None:
+    p = project([ok(50_000)], declared_mb=10_000, scale=None, margin=0.0)
     assert p == Projection(50_000, "observed", 1)
+    assert p is not None and p.peak_mb == 50_000
+    # a tie names the evidence
+    assert project([ok(50_000)], declared_mb=50_000, scale=None, margin=0.0) == p
+
+
+def test_a_declared_figure_is_compared_with_the_fit() -> None:
+    history = [ok(1000, scale=1.0), ok(2000, scale=2.0)]
+    assert project(history, declared_mb=9000, scale=4.0, margin=0.0) == Projection(
+        9000, "declared", 2
+    )
+    assert project(history, declared_mb=3000, scale=4.0, margin=0.0) == Projection(4000, "fit", 2)
+
+
+def test_the_json_names_the_peak_behind_the_figure() -> None:
+    p = project([ok(1000)], declared_mb=None, scale=None, margin=0.05)
+    assert p is not None
+    assert p.to_json() == {"projected_mb": 1050, "basis": "observed", "runs": 1, "peak_mb": 1000}
+    declared = project([], declared_mb=8000, scale=None, margin=0.05)
+    assert declared is not None and declared.to_json()["peak_mb"] is None
 
 
 def test_observed_is_the_highest_recent_peak_plus_margin() -> None:
@@ -133,10 +159,11 @@ def test_an_oom_kill_at_a_larger_scale_does_not_bind_a_smaller_one() -> None:
 
 
 def test_to_json_matches_the_contract() -> None:
-    assert Projection(93_000, "observed", 4).to_json() == {
+    assert Projection(93_000, "observed", 4, 88_000).to_json() == {
         "projected_mb": 93_000,
         "basis": "observed",
         "runs": 4,
+        "peak_mb": 88_000,
     }
 
 

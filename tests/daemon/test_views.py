@@ -39,7 +39,7 @@ FULL = {
     "waiting_for": None,
     "gpus_requested": 2,
     "gpus": [0, 3],
-    "host_memory": {"projected_mb": 2100, "basis": "declared", "runs": 0},
+    "host_memory": {"projected_mb": 2100, "basis": "declared", "runs": 0, "peak_mb": None},
     "retries": {"ordinary": {"used": 1, "budget": 3}, "gpu_hang": {"used": 0, "budget": 20}},
     "reason": "exit_nonzero",
     "exit_code": 2,

@@ -206,7 +206,12 @@ def test_dry_run_creates_nothing(daemon: Daemon) -> None:
     before = json.loads(daemon.cli("list", "--json").stdout)
     dry = json.loads(daemon.cli("submit", "--dry-run", "--mem", "2G", "--", "true").stdout)
     assert dry["id"] is None
-    assert dry["host_memory"] == {"projected_mb": 2048, "basis": "declared", "runs": 0}
+    assert dry["host_memory"] == {
+        "projected_mb": 2048,
+        "basis": "declared",
+        "runs": 0,
+        "peak_mb": None,
+    }
     assert json.loads(daemon.cli("list", "--json").stdout) == before
 
 

@@ -102,14 +102,14 @@ def test_failed_and_cancelled_runs_leave_the_figure_an_oom_floor_is_kept(
 ) -> None:
     d = make_daemon(gpus="1x8G", config=CONFIG)
     assert d.wait_done(train(d, "--mb", "100"))["state"] == "succeeded"
-    figure = projected(d, "--seed", "9")
+    figure = projected(d, "--mb", "9")
     assert figure is not None and 100 <= figure < 200
     failed = train(d, "--mb", "250", env={"EXIT": "1"}, retries=0)
     assert d.wait_done(failed)["reason"] == "exit_nonzero"
-    assert projected(d, "--seed", "9") == figure  # a failed run's peak does not count
+    assert projected(d, "--mb", "9") == figure  # a failed run's peak does not count
     release = d.root / "never"
     cancelled = train(d, "--mb", "250", release=release)
     d.wait_for(lambda: peak(d, cancelled) >= 250, what="the run to reach its peak")
     d.cli("cancel", str(cancelled))
     assert d.wait_done(cancelled)["state"] == "cancelled"
-    assert projected(d, "--seed", "9") == figure  # nor does a cancelled one's
+    assert projected(d, "--mb", "9") == figure  # nor does a cancelled one's

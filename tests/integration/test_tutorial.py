@@ -131,4 +131,10 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, home: Path) -> None:
     # ID STATE USER GPUS CARDS EXIT TIME AGE NAME NOTE
     assert re.search(r"^\d+ +queued +\S+ +0 +- +- +- +\S+ +later +held", out, re.M), out
     assert re.search(r"^later$", out, re.M) and "faults found: 1" in out
+    # The encode batch: one kind with no --mem-key, its second half held by the first's peaks.
+    assert re.search(r'"mem_key": "python3[.\d]* encode\.py \*\.mp4 \*\.mkv#[0-9a-f]{8}"', out), out
+    assert re.search(r'"runs": 2,?$', out, re.M), out
+    assert len(re.findall(r"^\d+ +queued .*waiting for host RAM", out, re.M)) >= 3, out
+    assert "(observed: 2 earlier runs peaked at" in out, out
+    assert "\na.mkv\nb.mkv\nc.mkv\nd.mkv\ne.mkv\nf.mkv\n" in out, out
     assert "drained" in daemon_log  # Ctrl-C (here SIGTERM) drains

@@ -23,6 +23,7 @@ from supervisor.daemon.engine import Engine
 from supervisor.daemon.requests.access import Access, forbidden
 from supervisor.daemon.requests.everyday import Verbs
 from supervisor.daemon.requests.intake import Intake, find_job
+from supervisor.daemon.requests.intake import warnings as intake_warnings
 from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.requests.waiting import Ends
 from supervisor.daemon.store import job_queries as jobrows
@@ -89,7 +90,13 @@ class Api:
         self.simple = simple
         self.logs_dir = joblogs.logs_dir(cfg.state_dir)
         self.intake = Intake(
-            cfg, engine, book, access, card_count=card_count, card_vram_mb=card_vram_mb
+            cfg,
+            engine,
+            book,
+            access,
+            card_count=card_count,
+            card_vram_mb=card_vram_mb,
+            host_room=lambda: (dispatcher.limit_mb, dispatcher.reserve_mb),
         )
         self.verbs = Verbs(
             engine,
@@ -177,19 +184,25 @@ class Api:
         await self.intake.check_after(req.options.after)
         specs = self.intake.specs(req, peer)
         await self.intake.check_share(specs)
+        notes = await self.intake.over_limit(specs)
         if req.options.dry_run:
             out: list[JobJson] = []
             for spec in specs:
-                await self.book.load(spec.mem_key)
                 job = Job(id=0, spec=spec)
                 out.append(views.job_json(job, host_memory=self.book.projection(spec)))
                 out[-1]["id"] = None
-            return {"ok": True, "jobs": out}
+            dry: SubmitReply = {"ok": True, "jobs": out}
+            if notes:
+                dry["warnings"] = intake_warnings(notes, None)
+            return dry
         rid = req.options.request_id
-        ids, repeated = await self.intake.enqueue(specs, peer.uid, rid)
+        ids, repeated = await self.intake.enqueue(specs, peer.uid, rid, notes)
         if req.options.run:  # a repeat too: a `run` client back after a restart re-ties it
             self.verbs.bind(peer, ids[0])
-        return await self._committed(req, ids, repeated)
+        reply = await self._committed(req, ids, repeated)
+        if notes and not repeated:
+            reply["warnings"] = intake_warnings(notes, ids)
+        return reply
 
     async def _committed(self, req: Submit, ids: list[int], repeated: bool) -> SubmitReply:
         """The jobs made (or, for a repeat, the first submit's): the ids at least, never

@@ -10,7 +10,9 @@ import anyio
 
 from supervisor.core import pinning
 from supervisor.core.commands import SubmitJobs
+from supervisor.core.host_fit import over_limit
 from supervisor.core.jobs import Job, JobSpec, JobState
+from supervisor.core.records import Event
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
 from supervisor.daemon.requests.access import Access, forbidden
@@ -39,6 +41,7 @@ class Intake:
         *,
         card_count: Callable[[], int],
         card_vram_mb: Callable[[], int],
+        host_room: Callable[[], tuple[int, int]] = lambda: (1 << 62, 0),
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -46,6 +49,7 @@ class Intake:
         self.access = access
         self.card_count = card_count
         self.card_vram_mb = card_vram_mb
+        self.host_room = host_room  # the host_memory limit and reserve, MiB, as admitted
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
 
@@ -92,6 +96,18 @@ class Intake:
             if not known and await self.engine.store.get_job(parent) is None:
                 raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
 
+    async def over_limit(self, specs: list[JobSpec]) -> tuple[tuple[Event, ...], ...]:
+        """For each spec, the `mem_over_limit` event when its figure (declared or
+        projected) is more than jobs may use together: told at submit, since such a job
+        starts only alone (admission's lone-job rule)."""
+        limit_mb, reserve_mb = self.host_room()
+        notes: list[tuple[Event, ...]] = []
+        for spec in specs:
+            await self.book.load(spec.mem_key)
+            ev = over_limit(self.book.projection(spec), limit_mb=limit_mb, reserve_mb=reserve_mb)
+            notes.append(() if ev is None else (ev,))
+        return tuple(notes) if any(notes) else ()
+
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
         opts = req.options
         cards = self.pinned(opts.gpus, opts.cards, opts.not_cards)
@@ -120,7 +136,11 @@ class Intake:
             )
 
     async def enqueue(
-        self, specs: list[JobSpec], uid: int, request_id: str | None = None
+        self,
+        specs: list[JobSpec],
+        uid: int,
+        request_id: str | None = None,
+        notes: tuple[tuple[Event, ...], ...] = (),
     ) -> tuple[list[int], bool]:
         """Queue new jobs of `uid`, within its cap of active jobs: their ids, and whether
         `request_id` was seen before (then the ids are the first submit's, nothing new)."""
@@ -132,7 +152,9 @@ class Intake:
             await self._within_cap(uid, len(specs))
             for key in {s.mem_key for s in specs}:
                 await self.book.load(key)
-            done = await self.engine.do(SubmitJobs(tuple(specs), request_id=request_id))
+            done = await self.engine.do(
+                SubmitJobs(tuple(specs), request_id=request_id, notes=notes)
+            )
             return submitted_ids(done), False
 
     async def restart_array(self, req: ArrayRef, peer: Peer) -> dict[str, Any]:
@@ -155,3 +177,20 @@ class Intake:
             await self._within_cap(peer.uid, len(specs))
             ids = submitted_ids(await self.engine.do(SubmitJobs(tuple(specs))))
         return {"ok": True, "ids": ids}
+
+
+def warnings(notes: tuple[tuple[Event, ...], ...], ids: list[int] | None) -> list[str]:
+    """The notes as lines for the submitter's stderr: one per message, naming its jobs."""
+    by_message: dict[str, list[int]] = {}
+    for i, evs in enumerate(notes):
+        for ev in evs:
+            by_message.setdefault(ev.message, []).append(ids[i] if ids else i)
+    if not ids:
+        return list(by_message)
+    out = []
+    for message, which in by_message.items():
+        shown = ", ".join(map(str, which[:5])) + (
+            f" and {len(which) - 5} more" if len(which) > 5 else ""
+        )
+        out.append(f"job{'s' if len(which) > 1 else ''} {shown}: {message}")
+    return out

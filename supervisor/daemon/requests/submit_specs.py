@@ -8,6 +8,7 @@ from typing import Any
 from supervisor.core.jobs import JobSpec
 from supervisor.core.memkey import mem_key
 from supervisor.daemon.config import RetriesConfig, WatchdogConfig
+from supervisor.daemon.programs import program_finder
 from supervisor.wire.protocol import Submit, SubmitOptions
 
 
@@ -23,6 +24,7 @@ def job_specs(
     --cards and --not-cards leave it (None: any card)."""
     opts = req.options
     timeout = opts.progress_timeout_s
+    which = program_finder(opts.env.get("PATH"))
     return [
         JobSpec(
             argv=argv,
@@ -35,7 +37,7 @@ def job_specs(
             gpus=opts.gpus,
             vram_mb=opts.vram_mb,
             mem_mb=opts.mem_mb,
-            mem_key=mem_key(argv, opts.mem_key),
+            mem_key=mem_key(argv, opts.mem_key, cwd=opts.cwd, which=which),
             mem_scale=opts.mem_scale,
             retries=retries.ordinary if opts.retries is None else opts.retries,
             gpu_hang_retries=(

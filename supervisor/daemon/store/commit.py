@@ -111,9 +111,11 @@ def transaction(
 
     inserts = [w for w in writes if isinstance(w, InsertJob)]
     saves = [w for w in writes if isinstance(w, SaveJob)]
-    events = [_event_params(w.job.id, w.job.submitted_at, SUBMITTED) for w in inserts] + [
-        _event_params(w.job.id, w.at, ev) for w in saves for ev in w.events
-    ]
+    events = [
+        _event_params(w.job.id, w.job.submitted_at, ev)
+        for w in inserts
+        for ev in (SUBMITTED, *w.notes)
+    ] + [_event_params(w.job.id, w.at, ev) for w in saves for ev in w.events]
 
     def op(db: sqlite3.Connection) -> None:
         db.executemany(INSERT_JOB, [job_row(w) for w in inserts])

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiosqlite
 import structlog
 
+from supervisor.daemon.store.rekey import rekey
 from supervisor.daemon.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 log = structlog.get_logger("gpusvd.store")
@@ -92,6 +93,7 @@ async def prepare(db: aiosqlite.Connection, id_floor: int) -> int:
     await db.execute("PRAGMA foreign_keys=ON")
     await db.execute("PRAGMA busy_timeout=5000")
     await _migrate(db)
+    await rekey(db)  # once: keys of the earlier rule become today's (store/rekey.py)
     # Kept beside the versioned schema: a table that no migration of the jobs touches.
     await db.execute(
         "CREATE TABLE IF NOT EXISTS submit_requests (owner_uid INTEGER NOT NULL, "

@@ -3,6 +3,8 @@ left out, the request's own values where it gave them, names and array indices."
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import replace
 from typing import Any
 
@@ -67,9 +69,21 @@ def test_a_stall_timeout_of_zero_is_off() -> None:
 
 
 def test_the_memory_key_defaults_to_the_program() -> None:
-    [a, b] = specs(submit(("python", "train.py", "--lr", "1"), ("python", "eval.py")))
-    assert a.mem_key.startswith("python train.py#") and b.mem_key.startswith("python eval.py#")
+    [a, b] = specs(submit(("sh", "train.sh", "--lr", "1"), ("sh", "eval.sh")))
+    assert a.mem_key.split("#")[0].endswith("train.sh --lr N")
+    assert b.mem_key.split("#")[0].endswith("eval.sh")
     assert a.mem_key != b.mem_key
+
+
+def test_the_program_is_found_on_the_jobs_path_and_the_script_in_its_cwd() -> None:
+    # /w is the requests' working directory: `sh train.sh` there runs /w/train.sh.
+    [a, b, c] = specs(submit(("sh", "train.sh"), ("sh", "/w/train.sh"), ("sh", "/x/train.sh")))
+    assert a.mem_key == b.mem_key != c.mem_key
+    [found] = specs(submit(("sh", "x.sh")))
+    sh = shutil.which("sh")
+    assert sh is not None
+    [given] = specs(submit((os.path.realpath(sh), "x.sh")))
+    assert found.mem_key == given.mem_key
 
 
 def test_a_batch_gets_its_names_one_per_line() -> None:
@@ -86,3 +100,15 @@ def test_an_array_carries_its_indices_and_cap() -> None:
 def test_a_capped_batch_is_an_array_of_its_lines() -> None:
     out = specs(submit(("a",), ("b",), max_running=1))
     assert [(s.array_index, s.max_running) for s in out] == [(0, 1), (1, 1)]
+
+
+def test_over_limit_warnings_name_their_jobs_once_per_message() -> None:
+    from supervisor.core.records import Event
+    from supervisor.daemon.requests.intake import warnings
+
+    big, other = Event("mem_over_limit", "needs ~64 GiB"), Event("mem_over_limit", "needs ~90 GiB")
+    notes = ((big,), (), (big,), (other,))
+    assert warnings(notes, [7, 8, 9, 10]) == ["jobs 7, 9: needs ~64 GiB", "job 10: needs ~90 GiB"]
+    assert warnings(notes, None) == ["needs ~64 GiB", "needs ~90 GiB"]  # a dry run: no ids
+    many = tuple((big,) for _ in range(8))
+    assert warnings(many, list(range(1, 9))) == ["jobs 1, 2, 3, 4, 5 and 3 more: needs ~64 GiB"]

@@ -263,3 +263,12 @@ async def test_without_the_mark_ids_follow_the_database_s_sequence(store: Store)
         assert await next_job_id(store) == 6  # the sequence remembers the deleted job
     finally:
         store.ids = mark
+
+
+async def test_an_inserted_jobs_notes_follow_its_submitted_event(store: Store) -> None:
+    note = Event("mem_over_limit", "needs ~64 GiB", {"projected_mb": 65536})
+    await commit(store, [InsertJob(job(1), notes=(note,))])
+    assert await rows(store, "SELECT kind, message, data FROM events ORDER BY id") == [
+        ("submitted", "submitted", None),
+        ("mem_over_limit", "needs ~64 GiB", '{"projected_mb": 65536}'),
+    ]

@@ -96,7 +96,12 @@ async def test_a_finished_job_s_hooks_read_its_json_and_attempt(
         assert (payload["id"], payload["state"], payload["reason"], payload["name"]) == (
             7, "failed", "gpu_hang", "train",
         )  # fmt: skip
-        assert payload["host_memory"] == {"projected_mb": 3000, "basis": "declared", "runs": 0}
+        assert payload["host_memory"] == {
+            "projected_mb": 3000,
+            "basis": "declared",
+            "runs": 0,
+            "peak_mb": None,
+        }
         assert payload["attempt"] == attempt.to_json()
         assert "hunter2" not in json.dumps(payload)
         assert (tmp_path / f"{name}.env").read_text() == (
