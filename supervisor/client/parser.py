@@ -86,7 +86,14 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
         "--after",
         action="append",
         metavar="ID[,ID]",
-        help="start only after these jobs succeeded (repeatable)",
+        help="start only after these jobs succeeded; an array's id: all of it (repeatable)",
+    )
+    p.add_argument(
+        "--after-any",
+        dest="after_any",
+        action="append",
+        metavar="ID[,ID]",
+        help="start only after these jobs ended, however they ended (repeatable)",
     )
     p.add_argument(
         "--share",

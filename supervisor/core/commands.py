@@ -33,6 +33,8 @@ class SubmitJobs:
     specs: tuple[JobSpec, ...]
     ended_parents: dict[int, JobState] = field(default_factory=dict)  # --after, not active
     request_id: str | None = None  # the client's: kept with the jobs, so a repeat finds them
+    # A parent that is a job of an array -> the array's jobs (core/dependencies.py)
+    arrays: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

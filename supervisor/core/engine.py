@@ -40,6 +40,7 @@ from supervisor.core.commands import (
     Stop,
     SubmitJobs,
 )
+from supervisor.core.dependencies import expanded, parents
 from supervisor.core.draft import Draft, Step, Verdict
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
@@ -56,8 +57,12 @@ def _submit(d: Draft, cmd: SubmitJobs) -> None:
     first = d.changes.next_id or d.table.next_id
     d.changes.next_id = first + len(cmd.specs)
     # A new array is named by its first job; a restart's specs already name theirs.
+    # A parent of an array stands for all of it: stored spelled out (core/dependencies.py).
     specs = [
-        s if s.array_index is None or s.array_id is not None else replace(s, array_id=first)
+        expanded(
+            s if s.array_index is None or s.array_id is not None else replace(s, array_id=first),
+            cmd.arrays,
+        )
         for s in cmd.specs
     ]
     jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(specs)]
@@ -65,10 +70,10 @@ def _submit(d: Draft, cmd: SubmitJobs) -> None:
         d.set_job(job)
         d.out.writes.append(InsertJob(job))
         d.out.actions.append(Changed(None, job))
-        if job.spec.after:
+        if parents(job.spec):
             d.changes.pending[job.id] = frozenset()  # no dispatch before its parents are known
     for job in jobs:
-        if job.spec.after:
+        if parents(job.spec):
             d.track(job, cmd.ended_parents)
 
 

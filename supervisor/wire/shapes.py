@@ -36,6 +36,7 @@ class SubmitRequest(TypedDict, total=False):
     stall_timeout_s: float
     priority: int
     after: list[int]
+    after_any: list[int]
     share: bool
     dry_run: bool
     request_id: str
@@ -104,6 +105,11 @@ class AttemptJson(TypedDict):
     rss_mb: NotRequired[int]  # a running attempt's tree now
 
 
+class ArrayRefJson(TypedDict):
+    id: int
+    index: int
+
+
 class JobJson(TypedDict):
     id: int | None  # None in a dry run
     name: str
@@ -122,6 +128,7 @@ class JobJson(TypedDict):
     exit_code: int | None
     priority: int
     after: list[int]
+    after_any: list[int]
     progress: str | None
     vram_mb: int | None
     mem_mb: int | None
@@ -129,6 +136,7 @@ class JobJson(TypedDict):
     share: bool  # may share its one card with other shared jobs
     array_id: int | None
     array_index: int | None
+    array: ArrayRefJson | None
     max_running: int | None
     held: bool  # held with `gpusv hold`: does not start until released
     stopping: bool  # running, and being stopped: signalled, not yet gone

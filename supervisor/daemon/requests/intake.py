@@ -81,11 +81,12 @@ class Intake:
                     f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
                 )
 
-    async def check_after(self, after: tuple[int, ...]) -> None:
-        for parent in after:
-            known = parent in self.engine.table.jobs
-            if not known and await self.engine.store.get_job(parent) is None:
-                raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
+    async def check_after(self, after: tuple[int, ...], after_any: tuple[int, ...] = ()) -> None:
+        for flag, ids in (("--after", after), ("--after-any", after_any)):
+            for parent in ids:
+                known = parent in self.engine.table.jobs
+                if not known and await self.engine.store.get_job(parent) is None:
+                    raise ProtocolError(protocol.NOT_FOUND, f"{flag}: no job {parent}")
 
     def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
         return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog)

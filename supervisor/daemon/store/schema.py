@@ -155,6 +155,7 @@ class _Specs:
             data = json.loads(spec_json)
             data["argv"] = tuple(data["argv"])
             data["after"] = tuple(data.get("after", ()))
+            data["after_any"] = tuple(data.get("after_any", ()))  # absent in older rows
             spec = self.specs[(spec_json, env_json)] = JobSpec(env=env, **data)
         return spec
 
