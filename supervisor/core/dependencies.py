@@ -5,6 +5,7 @@ it replaced), as Slurm's `afterok:<array>` / `afterany:<array>` do. Pure."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -25,6 +26,21 @@ def must_succeed(spec: JobSpec, parent: int) -> bool:
 def blocks(spec: JobSpec, parent: int, state: JobState) -> bool:
     """Whether the ended parent's end makes the child fail (`dependency_failed`)."""
     return state.terminal and state is not JobState.SUCCEEDED and must_succeed(spec, parent)
+
+
+SHOWN = 5  # parents named in a waiting_for text; past that, a count and the first few
+
+
+def waiting_text(pending: frozenset[int]) -> str | None:
+    """What a job waiting for its parents shows: "waiting for job 4, 7", or, for a big
+    array, "waiting for 812 jobs: 190, 191, 192, ...". Bounded: it is rebuilt at every
+    parent's end."""
+    if not pending:
+        return None
+    if len(pending) <= SHOWN:
+        return f"waiting for job {', '.join(map(str, sorted(pending)))}"
+    first = ", ".join(map(str, heapq.nsmallest(3, pending)))
+    return f"waiting for {len(pending)} jobs: {first}, ..."
 
 
 def newest_per_index(members: Iterable[tuple[int, int | None]]) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ from typing import cast
 
 from supervisor.core import outcome
 from supervisor.core.commands import Action, AttemptEnded, Changed, Now, SaveJob, Write
-from supervisor.core.dependencies import blocks, parents
+from supervisor.core.dependencies import blocks, parents, waiting_text
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState, transition
 from supervisor.core.outcome import Facts
@@ -128,8 +128,7 @@ class Draft:
         if job is None or job.state is not JobState.QUEUED:
             return
         self.changes.pending[job_id] = parents or None
-        waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
-        self.set_job(dataclasses.replace(job, waiting_for=waiting))
+        self.set_job(dataclasses.replace(job, waiting_for=waiting_text(parents)))
 
     def fail_dependency(self, job_id: int, parent: int) -> None:
         job = self.job(job_id)

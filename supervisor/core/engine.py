@@ -40,7 +40,7 @@ from supervisor.core.commands import (
     Stop,
     SubmitJobs,
 )
-from supervisor.core.dependencies import expanded, parents
+from supervisor.core.dependencies import expanded, parents, waiting_text
 from supervisor.core.draft import Draft, Step, Verdict
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
@@ -296,8 +296,7 @@ def _hold_job(d: Draft, cmd: HoldJob) -> None:
     d.out.verdicts[job.id] = Verdict(True, "held" if cmd.held else "released")
     note = f"held (gpusv release {job.id})" if cmd.held else None
     if not cmd.held and d.pending(job.id):  # back to waiting for its parents
-        parents = ", ".join(map(str, sorted(d.pending(job.id) or ())))
-        note = f"waiting for job {parents}"
+        note = waiting_text(d.pending(job.id) or frozenset())
     changed = dataclasses.replace(job, held=cmd.held, waiting_for=note, hold_reason=None)
     kind = "held" if cmd.held else "released"
     d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))

@@ -8,7 +8,14 @@ import signal
 
 from supervisor.core import commands as c
 from supervisor.core.admission import Start
-from supervisor.core.dependencies import blocks, expand, expanded, newest_per_index, parents
+from supervisor.core.dependencies import (
+    blocks,
+    expand,
+    expanded,
+    newest_per_index,
+    parents,
+    waiting_text,
+)
 from supervisor.core.draft import Step
 from supervisor.core.engine import step
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobSpec, JobState
@@ -79,6 +86,14 @@ def test_expand_spells_out_arrays_once_each_in_order() -> None:
     assert s.after == (4, 5, 6) and s.after_any == (9,)  # the stricter wins
     plain = spec((1,))
     assert expanded(plain, arrays) is plain and expanded(plain, {}) is plain
+
+
+def test_the_waiting_text_names_a_few_parents_and_counts_the_rest() -> None:
+    assert waiting_text(frozenset()) is None
+    assert waiting_text(frozenset({7, 4})) == "waiting for job 4, 7"
+    assert waiting_text(frozenset({1, 2, 3, 4, 5})) == "waiting for job 1, 2, 3, 4, 5"
+    many = frozenset(range(190, 1002))
+    assert waiting_text(many) == "waiting for 812 jobs: 190, 191, 192, ..."
 
 
 # ---- through the engine ---------------------------------------------------------------
