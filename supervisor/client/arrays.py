@@ -46,6 +46,27 @@ def parse_range(text: str) -> tuple[list[int], int | None]:
     return indices, cap
 
 
+def job_ids(texts: list[str], verb: str) -> list[int]:
+    """Job ids as typed: "15", "15-20", "15,16", mixed ("3,7-9 12"), each id once, in order.
+    A bad one is a usage error, before anything is sent."""
+    ids: dict[int, None] = {}
+    for text in texts:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()) or int(lo) < 1:
+                raise ConfigError(
+                    f"{verb}: {part.strip()!r} is not a job id, a range like 15-20 "
+                    "or a list like 15,16"
+                )
+            first, last = int(lo), int(hi) if dash else int(lo)
+            if last < first:
+                raise ConfigError(f"{verb}: the range {part.strip()!r} is empty")
+            if len(ids) + last - first + 1 > MAX_INDICES:
+                raise ConfigError(f"{verb}: more than {MAX_INDICES} jobs at once")
+            ids.update(dict.fromkeys(range(first, last + 1)))
+    return list(ids)
+
+
 def array_options(array: str | None, max_running: int | None) -> dict[str, Any]:
     """The submit request's array fields, from --array and --max-running."""
     if max_running is not None and max_running < 1:

@@ -72,7 +72,13 @@ def cmd_submit(client: Client, a: argparse.Namespace) -> int:
         jobs = reply["jobs"]
         out_json(jobs if request["type"] == "submit_batch" else jobs[0])
         return 0
-    if a.json:
+    if "array" in request:  # named by its first job: one id for list/cancel/wait --array
+        array = {"id": reply["ids"][0], "ids": reply["ids"], "indices": request["array"]}
+        if a.json:
+            out_json(array)
+        else:
+            sys.stdout.write(f"{array['id']}\n")
+    elif a.json:
         out_json(reply["job"] if request["type"] == "submit" else {"ids": reply["ids"]})
     else:
         sys.stdout.write("".join(f"{i}\n" for i in reply["ids"]))
@@ -198,7 +204,9 @@ def cmd_cancel(client: Client, a: argparse.Namespace) -> int:
         return arrays.cancel_array(client, a.array)
     if bool(a.ids) == a.all:
         raise ConfigError("cancel needs job ids or --all (not both)")
-    request: dict[str, Any] = {"type": "cancel", "ids": a.ids}
+    from supervisor.client.arrays import job_ids
+
+    request: dict[str, Any] = {"type": "cancel", "ids": job_ids(a.ids, "cancel")}
     if a.all:
         request = {"type": "cancel", "all": True}
     return _results(client.call(request), a, "{id} {state}")

@@ -88,7 +88,14 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
         "--after",
         action="append",
         metavar="ID[,ID]",
-        help="start only after these jobs succeeded (repeatable)",
+        help="start only after these jobs succeeded; an array's id: all of it (repeatable)",
+    )
+    p.add_argument(
+        "--after-any",
+        dest="after_any",
+        action="append",
+        metavar="ID[,ID]",
+        help="start only after these jobs ended, however they ended (repeatable)",
     )
     p.add_argument(
         "--share",
@@ -174,7 +181,7 @@ def _add_reading(sub: Any) -> None:
 
 def _add_actions(sub: Any) -> None:
     s = sub.add_parser("cancel", help="cancel jobs (queued or running)")
-    _ids(s, "*")
+    s.add_argument("ids", nargs="*", metavar="ID", help="job ids, ranges (15-20), lists (15,16)")
     s.add_argument("--all", action="store_true", help="all my queued and running jobs")
     s.add_argument("--array", type=int, metavar="A", help="the active jobs of array A")
     _json(s)

@@ -229,7 +229,8 @@ def show_lines(job: dict[str, Any], paused: bool = False) -> list[str]:
         ("host memory", _memory(job)),
         ("memory key", job.get("mem_key") or "-"),
         ("priority", str(job.get("priority", 0))),
-        ("after", ", ".join(map(str, job.get("after") or [])) or "-"),
+        ("after", ids_text(job.get("after") or [])),
+        ("after any", ids_text(job.get("after_any") or [])),
         ("time limit", duration_text(limit) if limit else "none"),
         ("retries", _retries(job)),
         ("submitted", f"{job.get('submitted_at')} ({age(job.get('submitted_at'))} ago)"),
@@ -251,3 +252,19 @@ def _assigned(job: dict[str, Any]) -> str:
     gpus, pinned = job.get("gpus") or [], job.get("cards")
     text = f", only on cards {','.join(map(str, pinned))}" if pinned is not None else ""
     return text + (f", assigned {','.join(map(str, gpus))}" if gpus else "")
+
+
+def ids_text(ids: list[int]) -> str:
+    """[3, 4, 5, 6, 9] -> "3-6, 9": an array's indices stay one short line."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return (
+        ", ".join(
+            f"{a}-{b}" if b > a + 1 else ", ".join(map(str, range(a, b + 1))) for a, b in runs
+        )
+        or "-"
+    )

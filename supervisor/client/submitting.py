@@ -92,8 +92,8 @@ def _labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
-def parse_after(values: list[str] | None) -> list[int] | None:
-    """Every id of every --after (repeated or comma-separated)."""
+def parse_after(values: list[str] | None, flag: str = "--after") -> list[int] | None:
+    """Every id of every --after or --after-any (repeated or comma-separated)."""
     if not values:
         return None
     ids = []
@@ -102,7 +102,7 @@ def parse_after(values: list[str] | None) -> list[int] | None:
             if not part.strip():
                 continue
             if not part.strip().isdigit() or int(part) < 1:
-                raise ConfigError(f"--after: {part.strip()!r} is not a job id")
+                raise ConfigError(f"{flag}: {part.strip()!r} is not a job id")
             ids.append(int(part))
     return ids
 
@@ -164,6 +164,7 @@ def job_options(a: Any) -> dict[str, Any]:
         "stall_timeout_s": _seconds(a.stall_timeout, "--stall-timeout"),
         "priority": a.priority,
         "after": parse_after(a.after),
+        "after_any": parse_after(a.after_any, "--after-any"),
         "time_limit_s": _seconds(a.time, "--time"),
         "share": a.share or None,
         **_pins(a),

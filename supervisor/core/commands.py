@@ -36,6 +36,8 @@ class SubmitJobs:
     # Events recorded with each job after `submitted`, by the spec's position (a need
     # larger than the host's limit); empty: none for any.
     notes: tuple[tuple[Event, ...], ...] = ()
+    # A parent that is a job of an array -> the array's jobs (core/dependencies.py)
+    arrays: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

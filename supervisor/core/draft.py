@@ -13,8 +13,9 @@ from typing import cast
 
 from supervisor.core import outcome
 from supervisor.core.commands import Action, AttemptEnded, Changed, Now, SaveJob, Write
+from supervisor.core.dependencies import blocks, parents, waiting_text
 from supervisor.core.hang_record import hang_record
-from supervisor.core.jobs import FailureReason, Job, JobState, transition
+from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState, transition
 from supervisor.core.outcome import Facts
 from supervisor.core.records import Attempt, Event
 from supervisor.core.table import Changes, Live, Table
@@ -116,18 +117,18 @@ class Draft:
             parents = self.pending(child)
             if parents is None:
                 continue
-            if job.state is JobState.SUCCEEDED:
-                self.waiting_on(child, parents - {job.id})
-            else:
+            spec = self._spec(child)
+            if spec is not None and blocks(spec, job.id, job.state):
                 self.fail_dependency(child, job.id)
+            else:
+                self.waiting_on(child, parents - {job.id})
 
     def waiting_on(self, job_id: int, parents: frozenset[int]) -> None:
         job = self.job(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return
         self.changes.pending[job_id] = parents or None
-        waiting = f"waiting for job {', '.join(map(str, sorted(parents)))}" if parents else None
-        self.set_job(dataclasses.replace(job, waiting_for=waiting))
+        self.set_job(dataclasses.replace(job, waiting_for=waiting_text(parents)))
 
     def fail_dependency(self, job_id: int, parent: int) -> None:
         job = self.job(job_id)
@@ -136,18 +137,23 @@ class Draft:
         failed = transition(job, JobState.FAILED, self.now.iso, FailureReason.DEPENDENCY_FAILED)
         self.put(failed, Event("dependency_failed", f"dependency {parent} did not succeed"))
 
+    def _spec(self, job_id: int) -> JobSpec | None:
+        job = self.job(job_id)
+        return None if job is None else job.spec
+
     def track(self, job: Job, ended: dict[int, JobState]) -> None:
-        """Wait for the parents still active; fail now if one ended without success."""
+        """Wait for the parents still active; fail now if an `--after` one ended without
+        success (one not found counts as failed)."""
         bad = [
             p
             for p in job.spec.after
-            if self.job(p) is None and ended.get(p, JobState.FAILED) is not JobState.SUCCEEDED
+            if self.job(p) is None and blocks(job.spec, p, ended.get(p, JobState.FAILED))
         ]
         if bad:
             self.changes.pending[job.id] = frozenset()  # never dispatched before it fails
             self.fail_dependency(job.id, bad[0])
             return
-        active = frozenset(p for p in job.spec.after if self.job(p) is not None)
+        active = frozenset(p for p in parents(job.spec) if self.job(p) is not None)
         self.changes.dependents.extend((p, job.id) for p in active)
         self.waiting_on(job.id, active)
 

@@ -41,6 +41,7 @@ from supervisor.core.commands import (
     SubmitJobs,
     UpdateJob,
 )
+from supervisor.core.dependencies import expanded, parents, waiting_text
 from supervisor.core.draft import Draft, Step, Verdict
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
@@ -58,8 +59,12 @@ def _submit(d: Draft, cmd: SubmitJobs) -> None:
     first = d.changes.next_id or d.table.next_id
     d.changes.next_id = first + len(cmd.specs)
     # A new array is named by its first job; a restart's specs already name theirs.
+    # A parent of an array stands for all of it: stored spelled out (core/dependencies.py).
     specs = [
-        s if s.array_index is None or s.array_id is not None else replace(s, array_id=first)
+        expanded(
+            s if s.array_index is None or s.array_id is not None else replace(s, array_id=first),
+            cmd.arrays,
+        )
         for s in cmd.specs
     ]
     jobs = [Job(id=first + i, spec=s, submitted_at=d.now.iso) for i, s in enumerate(specs)]
@@ -67,10 +72,10 @@ def _submit(d: Draft, cmd: SubmitJobs) -> None:
         d.set_job(job)
         d.out.writes.append(InsertJob(job, cmd.notes[i] if i < len(cmd.notes) else ()))
         d.out.actions.append(Changed(None, job))
-        if job.spec.after:
+        if parents(job.spec):
             d.changes.pending[job.id] = frozenset()  # no dispatch before its parents are known
     for job in jobs:
-        if job.spec.after:
+        if parents(job.spec):
             d.track(job, cmd.ended_parents)
 
 
@@ -293,8 +298,7 @@ def _hold_job(d: Draft, cmd: HoldJob) -> None:
     d.out.verdicts[job.id] = Verdict(True, "held" if cmd.held else "released")
     note = f"held (gpusv release {job.id})" if cmd.held else None
     if not cmd.held and d.pending(job.id):  # back to waiting for its parents
-        parents = ", ".join(map(str, sorted(d.pending(job.id) or ())))
-        note = f"waiting for job {parents}"
+        note = waiting_text(d.pending(job.id) or frozenset())
     changed = dataclasses.replace(job, held=cmd.held, waiting_for=note, hold_reason=None)
     kind = "held" if cmd.held else "released"
     d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))

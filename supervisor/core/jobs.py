@@ -86,7 +86,8 @@ class JobSpec:
     progress_timeout_s: float | None = None
     progress_regex: str | None = None
     priority: int = 0
-    after: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()  # must succeed first (an array's id: every index of it)
+    after_any: tuple[int, ...] = ()  # must end first, however they end
     time_limit_s: float | None = None  # per attempt; past it: stopped, reason timeout
     stall_timeout_s: float | None = None  # no progress this long at any utilization: hung
     share: bool = False  # may share its one card with other shared jobs, VRAM permitting

@@ -18,6 +18,7 @@ from supervisor.core.commands import (
     SaveJob,
     SetPid,
 )
+from supervisor.core.dependencies import parents
 from supervisor.core.draft import Draft
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
 from supervisor.core.outcome import Facts
@@ -58,10 +59,10 @@ def recover(d: Draft, cmd: Recover) -> None:
         d.out.actions.append(Changed(None, job))
         if job.hold_reason:  # announced before the restart: not evented again
             d.changes.announced.add(job.id)
-        if job.spec.after:
+        if parents(job.spec):
             d.changes.pending[job.id] = frozenset()
     for job in cmd.jobs:
-        if job.spec.after:
+        if parents(job.spec):
             d.track(d.job(job.id) or job, cmd.ended_parents)
     reason = FailureReason.INTERRUPTED.value
     for orphan in cmd.orphans:

@@ -14,17 +14,18 @@ published in order. A client's command (whose write may be refused: the client h
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import anyio
 import structlog
 
 from supervisor.core.commands import Command, InsertJob, Now, SetPid, SubmitJobs
+from supervisor.core.dependencies import expanded, newest_per_index, parents
 from supervisor.core.draft import Step
 from supervisor.core.engine import steps
-from supervisor.core.jobs import JobState
+from supervisor.core.jobs import JobSpec, JobState
 from supervisor.core.table import Table
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.event_log import JobLines
@@ -33,6 +34,7 @@ from supervisor.daemon.store.database import StorageError, Store
 
 log = structlog.get_logger("gpusvd.engine")
 T = TypeVar("T")
+ALL_OF_AN_ARRAY = 10_000_000  # every job an array has had, restarts included
 
 
 def now() -> Now:
@@ -150,15 +152,39 @@ class Engine:
         return await reader()
 
     async def _with_parents(self, cmd: SubmitJobs) -> SubmitJobs:
-        """--after parents that are no longer active: their end, read from the store
-        while no command runs, so none can end unseen in between."""
+        """Parents of an array spelled out, and the end of those no longer active, read
+        from the store while no command runs, so none can end (nor an index be rerun)
+        unseen in between."""
+        arrays = await self._arrays(cmd.specs)
         ended: dict[int, JobState] = {}
         for spec in cmd.specs:
-            for parent in spec.after:
+            for parent in parents(expanded(spec, arrays)):
                 if parent not in self.table.jobs and parent not in ended:
                     row = await self.store.get_job(parent)
                     ended[parent] = row.state if row is not None else JobState.FAILED
-        return SubmitJobs(cmd.specs, ended, cmd.request_id) if ended else cmd
+        if not ended and not arrays:
+            return cmd
+        return replace(cmd, ended_parents=ended, arrays=arrays)
+
+    async def _arrays(self, specs: Sequence[JobSpec]) -> dict[int, tuple[int, ...]]:
+        """Each parent that is a job of an array -> the newest job of each of its indices."""
+        found: dict[int, tuple[int, ...]] = {}
+        members: dict[int, tuple[int, ...]] = {}
+        seen: set[int] = set()
+        for spec in specs:
+            for parent in parents(spec):
+                if parent in seen:
+                    continue
+                seen.add(parent)
+                job = self.table.jobs.get(parent) or await self.store.get_job(parent)
+                array = None if job is None else job.spec.array_id
+                if array is None:
+                    continue
+                if array not in members:
+                    rows = await self.store.list_jobs((), ALL_OF_AN_ARRAY, None, array)
+                    members[array] = newest_per_index((j.id, j.spec.array_index) for j in rows)
+                found[parent] = members[array]
+        return found
 
 
 def submitted_ids(out: Step) -> list[int]:

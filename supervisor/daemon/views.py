@@ -57,11 +57,17 @@ def job_json(
         "exit_code": job.exit_code,
         "priority": spec.priority,
         "after": list(spec.after),
+        "after_any": list(spec.after_any),
         "progress": job.progress,
         "vram_mb": spec.vram_mb,
         "share": spec.share,
         "array_id": spec.array_id,
         "array_index": spec.array_index,
+        "array": (
+            None
+            if spec.array_id is None or spec.array_index is None
+            else {"id": spec.array_id, "index": spec.array_index}
+        ),
         "max_running": spec.max_running,
         "mem_mb": spec.mem_mb,
         "mem_scale": spec.mem_scale,

@@ -114,6 +114,7 @@ class SubmitOptions:
     progress_regex: str | None = None
     priority: int = 0
     after: tuple[int, ...] = ()
+    after_any: tuple[int, ...] = ()
     dry_run: bool = False
     request_id: str | None = None  # a repeat from the same user returns the first jobs
     time_limit_s: float | None = None
@@ -232,6 +233,7 @@ def _submit_options(f: _Fields) -> SubmitOptions:
         progress_regex=regex,
         priority=f.int_("priority", 0, -1_000_000, 1_000_000) or 0,
         after=tuple(f.int_list("after", 1000)),
+        after_any=tuple(f.int_list("after_any", 1000)),
         dry_run=f.bool_("dry_run"),
         request_id=_request_id(f),
         time_limit_s=f.float_("time_limit_s", 1e-3, MAX_DURATION_S),

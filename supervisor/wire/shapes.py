@@ -36,6 +36,7 @@ class SubmitRequest(TypedDict, total=False):
     stall_timeout_s: float
     priority: int
     after: list[int]
+    after_any: list[int]
     share: bool
     cards: list[int]  # run only on these cards
     not_cards: list[int]  # never on these
@@ -118,6 +119,11 @@ class AttemptJson(TypedDict):
     rss_mb: NotRequired[int]  # a running attempt's tree now
 
 
+class ArrayRefJson(TypedDict):
+    id: int
+    index: int
+
+
 class JobJson(TypedDict):
     id: int | None  # None in a dry run
     name: str
@@ -136,6 +142,7 @@ class JobJson(TypedDict):
     exit_code: int | None
     priority: int
     after: list[int]
+    after_any: list[int]
     progress: str | None
     vram_mb: int | None
     mem_mb: int | None
@@ -143,6 +150,7 @@ class JobJson(TypedDict):
     share: bool  # may share its one card with other shared jobs
     array_id: int | None
     array_index: int | None
+    array: ArrayRefJson | None
     max_running: int | None
     held: bool  # held with `gpusv hold`: does not start until released
     stopping: bool  # running, and being stopped: signalled, not yet gone

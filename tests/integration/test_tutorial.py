@@ -126,6 +126,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, home: Path) -> None:
     assert re.search(r"^reason +gpu_hang$", out, re.M), out
     assert re.search(r'^gpusv_gpu_hangs_total\{.*gpu="0".*\} 1\.0$', out, re.M), out
     assert re.search(r'^gpusv_jobs\{state="succeeded"\} 2\.0$', out, re.M), out
+    assert "merged 20 scores" in out and "array 5: 20 indices: 20 succeeded" in out, out
     assert "working in " in out and "run exited 3" in out
     assert "wait exited 143" in out and re.search(r"^reason +timeout$", out, re.M), out
     # ID STATE USER GPUS CARDS EXIT TIME AGE NAME NOTE

@@ -18,6 +18,7 @@ import anyio
 import structlog
 
 from supervisor.core.commands import Recover
+from supervisor.core.dependencies import parents
 from supervisor.core.jobs import JobState
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running.handles import KeptProcess
@@ -75,7 +76,7 @@ async def reconcile(
         log.warning("attempt interrupted by restart", job_id=job.id, killed=job.id in killed)
     ended: dict[int, JobState] = {}
     for job in jobs:
-        for parent in job.spec.after:
+        for parent in parents(job.spec):
             if parent not in active and parent not in ended:
                 row = await store.get_job(parent)
                 ended[parent] = row.state if row is not None else JobState.FAILED

@@ -86,7 +86,7 @@ class Verbs:
         async def act(job: Job) -> dict[str, Any]:
             if not job.state.terminal:
                 raise ProtocolError(protocol.INVALID_STATE, f"is still {job.state.value}")
-            await self.intake.check_after(job.spec.after)
+            await self.intake.check_after(job.spec.after, job.spec.after_any)
             new, _ = await self.intake.enqueue([job.spec], job.spec.owner_uid)
             return {"new_id": new[0]}
 

@@ -181,7 +181,7 @@ class Api:
         if self.draining() and not req.options.dry_run:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self.intake.check_fits(req)
-        await self.intake.check_after(req.options.after)
+        await self.intake.check_after(req.options.after, req.options.after_any)
         specs = self.intake.specs(req, peer)
         await self.intake.check_share(specs)
         notes = await self.intake.over_limit(specs)

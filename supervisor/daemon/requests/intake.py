@@ -90,11 +90,12 @@ class Intake:
                     f"--share needs --vram: memory key {spec.mem_key!r} has no VRAM history",
                 )
 
-    async def check_after(self, after: tuple[int, ...]) -> None:
-        for parent in after:
-            known = parent in self.engine.table.jobs
-            if not known and await self.engine.store.get_job(parent) is None:
-                raise ProtocolError(protocol.NOT_FOUND, f"--after: no job {parent}")
+    async def check_after(self, after: tuple[int, ...], after_any: tuple[int, ...] = ()) -> None:
+        for flag, ids in (("--after", after), ("--after-any", after_any)):
+            for parent in ids:
+                known = parent in self.engine.table.jobs
+                if not known and await self.engine.store.get_job(parent) is None:
+                    raise ProtocolError(protocol.NOT_FOUND, f"{flag}: no job {parent}")
 
     async def over_limit(self, specs: list[JobSpec]) -> tuple[tuple[Event, ...], ...]:
         """For each spec, the `mem_over_limit` event when its figure (declared or

@@ -47,6 +47,7 @@ def job_specs(
             progress_regex=opts.progress_regex,
             priority=opts.priority,
             after=opts.after,
+            after_any=opts.after_any,
             stall_timeout_s=_or(opts.stall_timeout_s, watchdog.stall_timeout_s),
             time_limit_s=opts.time_limit_s,
             share=opts.share,

@@ -157,6 +157,7 @@ class _Specs:
             data["after"] = tuple(data.get("after", ()))
             if data.get("cards") is not None:
                 data["cards"] = tuple(data["cards"])
+            data["after_any"] = tuple(data.get("after_any", ()))  # absent in older rows
             spec = self.specs[(spec_json, env_json)] = JobSpec(env=env, **data)
         return spec
 
