@@ -90,9 +90,10 @@ class Reservation:
             kept += " as they free"
         return f"{message}; {kept}, {self._due()}"
 
-    def kept(self) -> str:
-        """What a job that the reserved cards would not fit is told besides."""
-        return f"{_cards(self.cards)} reserved for job {self.job_id}"
+    def kept(self, cards: Sequence[int]) -> str:
+        """What a job that the reserved `cards` (those kept that it may use) would not fit
+        is told besides."""
+        return f"{_cards(cards)} reserved for job {self.job_id}"
 
     def blocked(self, time_limit_s: float | None, cards: Sequence[int]) -> str:
         """The `waiting_for` of a job that the reserved `cards` (those kept that it may
@@ -198,7 +199,7 @@ def backfill(
         if free >= need
     )
     if len(fitting) < cand.gpus:
-        return Wait(reason, f"{message}; {res.kept()}")
+        return Wait(reason, f"{message}; {res.kept(tuple(reserved))}")
     if res.admits(cand.time_limit_s):
         return tuple(sorted(i for _, _, i in fitting[: cand.gpus]))
     words = res.blocked(cand.time_limit_s, tuple(reserved))

@@ -271,6 +271,18 @@ CASES: dict[str, Case] = {
         },
         kept=(0, 1),
     ),
+    "a pinned job that the kept cards would not fit is told of its own only": Case(
+        cards=4,
+        running={9: ((3,), 3600)},
+        queue=[c(1, gpus=4), c(2, gpus=2, pins=(0, 3), time_s=60)],
+        starts={},
+        holds={
+            1: f"waiting for 4 free GPUs, 3 free; cards 0,1,2 reserved for it, {due(9)}",
+            2: "waiting for its cards (cards 0, 3): needs 2 free GPUs, 0 free; "
+            "card 0 reserved for job 1",
+        },
+        kept=(0, 1, 2),
+    ),
     "a short job backfills onto a card kept for a pinned wide job": Case(
         cards=3,
         running={8: ((2,), None), 9: ((1,), 3600)},  # card 2 is not its own
