@@ -324,11 +324,12 @@ class _Pool:
         return tuple(sorted(i for _, i in fitting[: cand.gpus]))
 
     def _place_pinned(self, cand: Candidate) -> tuple[int, ...] | Hold:
-        """As for any whole-card job, among its own cards only; held as `cards`."""
+        """As for any whole-card job, among its own cards only, kept ones included under
+        the same --time rule; held as `cards`."""
         assert cand.cards is not None  # for mypy: only pinned jobs come here
         need = cand.vram_mb or 0
         placed = pinning.place(self.idle_vram, cand.gpus, need, cand.cards, gb(need))
-        return Hold(cand.job_id, "cards", placed) if isinstance(placed, str) else placed
+        return self._backfill(cand, "cards", placed) if isinstance(placed, str) else placed
 
     def _backfill(
         self, cand: Candidate, reason: reservation.Reason, message: str

@@ -6,8 +6,11 @@ card only when its `--time` ends before the wide job is due to start; a job with
 time limit never does. The start is estimated from the running jobs' time limits (start
 plus `--time`): the time at which enough cards that fit the wide job will have been let
 go. When those cards can only come from a job without a limit, there is no estimate, and
-no job takes a reserved card. Pure: admission asks, and builds the holds it returns. The
-rules are described for operators in docs/host-memory.md.
+no job takes a reserved card. A job pinned to cards (`--cards`, core/pinning.py) counts
+only its own cards in all of this: a pinned wide job keeps, and waits for, only cards
+it may use, and a pinned job backfills only onto kept cards among its own. Pure:
+admission asks, and builds the holds it returns. The rules are described for operators
+in docs/host-memory.md.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
+from supervisor.core import pinning
 from supervisor.core.jobs import Job
 from supervisor.core.records import epoch_of
 from supervisor.core.table import Live, waiting_ahead
 
-Reason = Literal["gpus", "vram"]  # the holds of a job waiting for cards
+Reason = Literal["gpus", "vram", "cards"]  # the holds of a job waiting for cards
 
 # What is read of admission's Candidate, Card and RunningJob (admission imports this
 # module, so it names their fields rather than import them).
@@ -37,6 +41,8 @@ class Candidate(Protocol):
     def share(self) -> bool: ...
     @property
     def time_limit_s(self) -> float | None: ...
+    @property
+    def cards(self) -> tuple[int, ...] | None: ...  # pinned: only these (None: any)
 
 
 C = TypeVar("C", bound=Candidate)
@@ -84,13 +90,15 @@ class Reservation:
             kept += " as they free"
         return f"{message}; {kept}, {self._due()}"
 
-    def kept(self) -> str:
-        """What a job that the reserved cards would not fit is told besides."""
-        return f"{_cards(self.cards)} reserved for job {self.job_id}"
+    def kept(self, cards: Sequence[int]) -> str:
+        """What a job that the reserved `cards` (those kept that it may use) would not fit
+        is told besides."""
+        return f"{_cards(cards)} reserved for job {self.job_id}"
 
-    def blocked(self, time_limit_s: float | None) -> str:
-        """The `waiting_for` of a job that the reserved cards would fit, but may not take."""
-        head = f"waiting for {_cards(self.cards)}, reserved for job {self.job_id}"
+    def blocked(self, time_limit_s: float | None, cards: Sequence[int]) -> str:
+        """The `waiting_for` of a job that the reserved `cards` (those kept that it may
+        use) would fit, but may not take."""
+        head = f"waiting for {_cards(cards)}, reserved for job {self.job_id}"
         if self.start_in_s is None:
             return f"{head}, which has no start estimate ({self._unknown()})"
         if time_limit_s is None:
@@ -120,13 +128,17 @@ def reserve(
     time at which the running jobs' limits let go of enough more. A card's jobs all end
     by the latest of their limits; an idle card without room for its VRAM is not counted
     (what fills it is not gpusv's), nor are cards that could never hold it. `starting`:
-    the cards that jobs started in this pass took, with their --time and id."""
+    the cards that jobs started in this pass took, with their --time and id. A pinned
+    job keeps, and counts as freeing, only the cards it may use."""
     need = cand.vram_mb or 0
-    mine = tuple(sorted(i for i, free in idle_vram.items() if free >= need)[: cand.gpus])
+    usable = pinning.allowed(idle_vram, cand.cards)
+    mine = tuple(sorted(i for i, free in usable.items() if free >= need)[: cand.gpus])
     left = {j.job_id: j.ends_in_s for j in running}
     freeing: list[tuple[float, int]] = []  # (seconds until the card frees, its last job)
     for card in cards:
         if not card.healthy or card.vram_total_mb < need:
+            continue
+        if cand.cards is not None and card.index not in cand.cards:
             continue
         if card.index in starting:
             limit, job = starting[card.index]
@@ -150,8 +162,9 @@ def _card_frees(jobs: Sequence[tuple[float | None, int]]) -> tuple[float, int]:
 
 def wants(cand: Candidate, reason: str) -> bool:
     """Whether a job held for `reason` is one that has cards kept for it: a job of several
-    whole cards waiting for cards. A job held for host RAM keeps that hold alone."""
-    return reason in ("gpus", "vram") and cand.gpus > 1 and not cand.share
+    whole cards waiting for cards (a pinned one, for its own). A job held for host RAM
+    keeps that hold alone."""
+    return reason in ("gpus", "vram", "cards") and cand.gpus > 1 and not cand.share
 
 
 class Wait(NamedTuple):
@@ -171,7 +184,11 @@ def backfill(
     says why): the cards it gets when its --time ends before the wide job is due; else why
     it waits: for the reserved cards when they would fit it, else its own hold, naming
     what is kept. Reserved cards go first (it ends before they are wanted), so that the
-    free ones stay for jobs without a time limit; best fit within each."""
+    free ones stay for jobs without a time limit; best fit within each. A pinned job sees
+    only its own cards of both: a kept card outside them is neither taken nor named, and
+    it waits as `cards` whatever it waits for."""
+    reserved = pinning.allowed(reserved, cand.cards)
+    idle_vram = pinning.allowed(idle_vram, cand.cards)
     if res is None or not reserved:
         return Wait(reason, message)
     need = cand.vram_mb or 0
@@ -182,10 +199,11 @@ def backfill(
         if free >= need
     )
     if len(fitting) < cand.gpus:
-        return Wait(reason, f"{message}; {res.kept()}")
+        return Wait(reason, f"{message}; {res.kept(tuple(reserved))}")
     if res.admits(cand.time_limit_s):
         return tuple(sorted(i for _, _, i in fitting[: cand.gpus]))
-    return Wait("gpus", res.blocked(cand.time_limit_s))
+    words = res.blocked(cand.time_limit_s, tuple(reserved))
+    return Wait("gpus" if cand.cards is None else "cards", words)
 
 
 class Keeper(Generic[C]):

@@ -65,10 +65,10 @@ def test_a_pinned_job_chooses_gpus_of_its_cards() -> None:
 
 def test_a_pinned_job_waits_for_its_cards_while_others_are_free_and_later_jobs_pass() -> None:
     out = run([pinned(1, (0, 1), gpus=2), pinned(2, None)], cards(1))
-    assert out.holds == (
-        Hold(1, "cards", "waiting for its cards (cards 0, 1): needs 2 free GPUs, 1 free"),
-    )
-    assert out.starts == (Start(2, (0,), 0),)
+    waits = "waiting for its cards (cards 0, 1): needs 2 free GPUs, 1 free"
+    kept = "card 0 reserved for it, no start estimate (job 101 has no time limit)"
+    assert out.holds == (Hold(1, "cards", f"{waits}; {kept}"),)
+    assert out.starts == (Start(2, (2,), 0),)  # card 0 is kept for job 1
 
 
 def test_a_pinned_job_held_for_vram_on_its_cards_says_so() -> None:
@@ -152,3 +152,8 @@ def test_no_job_ever_lands_off_its_cards_and_no_card_is_given_twice(
     assert len(given_out) == len(set(given_out))
     for hold in out.holds:
         assert (hold.reason == "cards") == (jobs[hold.job_id - 1][1] is not None)
+    if out.reserved:  # kept for the first wide job held that could run, among its own
+        on = cards(*busy)
+        wide = [jobs[h.job_id - 1] for h in out.holds if jobs[h.job_id - 1][0] > 1]
+        _, pins = next(j for j in wide if could_run(j[0], None, on, j[1]))
+        assert pins is None or set(out.reserved) <= set(pins)

@@ -60,9 +60,12 @@ def c(
     held_s: float | None = None,
     vram_mb: int | None = None,
     share: bool = False,
+    pins: tuple[int, ...] | None = None,
 ) -> Candidate:
     held = None if held_s is None else NOW - held_s
-    return Candidate(job_id, gpus, vram_mb, None, held, share=share, time_limit_s=time_s)
+    return Candidate(
+        job_id, gpus, vram_mb, None, held, share=share, cards=pins, time_limit_s=time_s
+    )
 
 
 CASES: dict[str, Case] = {
@@ -224,6 +227,72 @@ CASES: dict[str, Case] = {
         },
         kept=(0,),
     ),
+    # --- pinned jobs (--cards): only their own cards count ------------------------------
+    "a pinned wide job keeps only its own cards, and its estimate counts only those": Case(
+        cards=4,
+        running={8: ((3,), None), 9: ((1,), 3600)},
+        # Pinned to 1 and 2: card 2 is kept, card 0 is not; job 8's card is not its own,
+        # so its missing limit leaves the estimate alone.
+        queue=[c(1, gpus=2, pins=(1, 2)), c(2)],
+        starts={2: (0,)},
+        holds={
+            1: "waiting for its cards (cards 1, 2): needs 2 free GPUs, 1 free; "
+            f"card 2 reserved for it, {due(9)}"
+        },
+        kept=(2,),
+    ),
+    "a pinned short job backfills onto a kept card among its own": Case(
+        cards=3,
+        running={9: ((2,), 3600)},
+        queue=[c(1, gpus=3), c(2, pins=(1, 2), time_s=600)],
+        starts={2: (1,)},
+        holds={1: f"waiting for 3 free GPUs, 2 free; cards 0,1 reserved for it, {due(9)}"},
+        kept=(0,),
+    ),
+    "a pinned job without --time waits for the kept card among its own": Case(
+        cards=3,
+        running={9: ((2,), 3600)},
+        queue=[c(1, gpus=3), c(2, pins=(1, 2))],
+        starts={},
+        holds={
+            1: f"waiting for 3 free GPUs, 2 free; cards 0,1 reserved for it, {due(9)}",
+            2: f"waiting for card 1, reserved for job 1 {ONLY_BEFORE}",
+        },
+        kept=(0, 1),
+    ),
+    "a pinned job never takes a kept card outside its own": Case(
+        cards=3,
+        running={9: ((2,), 3600)},
+        queue=[c(1, gpus=3), c(2, pins=(2,), time_s=60)],
+        starts={},
+        holds={
+            1: f"waiting for 3 free GPUs, 2 free; cards 0,1 reserved for it, {due(9)}",
+            2: "waiting for its cards (card 2): needs 1 free GPU, 0 free",
+        },
+        kept=(0, 1),
+    ),
+    "a pinned job that the kept cards would not fit is told of its own only": Case(
+        cards=4,
+        running={9: ((3,), 3600)},
+        queue=[c(1, gpus=4), c(2, gpus=2, pins=(0, 3), time_s=60)],
+        starts={},
+        holds={
+            1: f"waiting for 4 free GPUs, 3 free; cards 0,1,2 reserved for it, {due(9)}",
+            2: "waiting for its cards (cards 0, 3): needs 2 free GPUs, 0 free; "
+            "card 0 reserved for job 1",
+        },
+        kept=(0, 1, 2),
+    ),
+    "a short job backfills onto a card kept for a pinned wide job": Case(
+        cards=3,
+        running={8: ((2,), None), 9: ((1,), 3600)},  # card 2 is not its own
+        queue=[c(1, gpus=2, pins=(0, 1)), c(2, time_s=600)],
+        starts={2: (0,)},
+        holds={
+            1: "waiting for its cards (cards 0, 1): needs 2 free GPUs, 1 free; "
+            f"card 0 reserved for it, {due(9)}"
+        },
+    ),
     "CPU jobs pass it": Case(
         cards=2,
         running={9: ((1,), 3600)},
@@ -269,6 +338,8 @@ def test_reservation(name: str) -> None:
     assert {s.job_id: s.gpus for s in p.starts} == case.starts
     assert {h.job_id: h.message for h in p.holds} == case.holds
     assert p.reserved == case.kept
+    pinned = {cand.job_id for cand in case.queue if cand.cards is not None}
+    assert all(h.reason == "cards" for h in p.holds if h.job_id in pinned)
 
 
 def test_the_reservation_follows_the_cards_as_they_free() -> None:
@@ -342,25 +413,36 @@ def test_time_left_counts_from_the_start_and_through_a_line() -> None:
 
 _ends = st.one_of(st.none(), st.floats(min_value=0, max_value=10_000))
 _limits = st.one_of(st.none(), st.floats(min_value=1, max_value=10_000))
+_pins = st.none() | st.sets(st.integers(0, 6), min_size=1).map(lambda s: tuple(sorted(s)))
 
 
 @given(
     busy=st.lists(_ends, min_size=1, max_size=4),
     idle=st.integers(min_value=0, max_value=3),
     wide=st.integers(min_value=2, max_value=5),
-    later=st.lists(st.tuples(st.integers(min_value=1, max_value=2), _limits), max_size=6),
+    later=st.lists(st.tuples(st.integers(min_value=1, max_value=2), _limits, _pins), max_size=6),
 )
 def test_nothing_that_takes_a_kept_card_ends_after_the_wide_job_is_due(
-    busy: list[float | None], idle: int, wide: int, later: list[tuple[int, float | None]]
+    busy: list[float | None],
+    idle: int,
+    wide: int,
+    later: list[tuple[int, float | None, tuple[int, ...] | None]],
 ) -> None:
-    """Whatever runs and waits: the first wide job keeps every idle card it could use, and
-    a job that starts on one has a --time that ends by its estimated start."""
+    """Whatever runs and waits: the first wide job keeps every idle card it could use, a
+    job that starts on one has a --time that ends by its estimated start, and a pinned
+    job starts only on its own cards."""
     running: dict[int, tuple[tuple[int, ...], float | None]] = {
         100 + i: ((idle + i,), ends) for i, ends in enumerate(busy)
     }
-    queue = [c(1, gpus=wide)] + [c(2 + i, gpus=g, time_s=t) for i, (g, t) in enumerate(later)]
+    queue = [c(1, gpus=wide)] + [
+        c(2 + i, gpus=g, time_s=t, pins=pins) for i, (g, t, pins) in enumerate(later)
+    ]
     case = Case(idle + len(busy), running, queue, {}, {})
     p = run(case)
+    pins_of = {cand.job_id: cand.cards for cand in queue}
+    for start in p.starts:
+        pins = pins_of[start.job_id]
+        assert pins is None or set(start.gpus) <= set(pins)
     if wide > case.cards:  # it could never start (a later wide job may keep cards instead)
         return
     if wide <= idle:
