@@ -108,6 +108,7 @@ class Relay:
         self.log = log
         self.sel: selectors.BaseSelector | None = None  # set by the server that runs the loop
         self.outputs: dict[tuple[int, int], Output] = {}
+        self.write = os.write  # into a job's file: a seam for a disk that refuses
 
     @staticmethod
     def sink(same: bool) -> Sink:
@@ -186,10 +187,10 @@ class Relay:
         try:
             fd = self._file(output, stream)
             if output.failed:  # the disk took a write again: say where bytes are missing
-                os.write(fd, _gap(output.dropped))
+                self.write(fd, _gap(output.dropped))
                 output.failed = ""
             while view:
-                done = os.write(fd, view)
+                done = self.write(fd, view)
                 output.run += done
                 view = view[done:]
         except OSError as exc:  # said once a spell: the disk may refuse every read's bytes
