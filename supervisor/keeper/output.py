@@ -138,6 +138,11 @@ class Relay:
         if sink.err_r != sink.out_r:
             output.open_pipes[sink.err_r] = STDERR
         self.outputs[output.key] = output
+        # Its stdout file exists from the start, output or not: the job's mark in the
+        # logs directory (a database that lost its tail takes its next id from there).
+        # Stderr's, the index's, at their first byte.
+        with contextlib.suppress(OSError):  # a full disk: tried again at the first byte
+            self._file(output, STDOUT)
         if self.sel is not None:
             for fd in output.open_pipes:
                 self.sel.register(fd, selectors.EVENT_READ, lambda fd=fd: self.readable(output, fd))
