@@ -101,8 +101,9 @@ def layout(index: bytes, sizes: dict[str, int]) -> Layout:
             nxt = recs[i + 1] if i + 1 < len(recs) else None
             if nxt is not None and nxt[0] == HEADER_ERR:
                 err_end = nxt[2] + shift[ERR]
-                if err_end <= sizes[ERR] + cut[ERR]:
-                    take(ERR, err_end - nxt[1], ERR)
+                if err_end > sizes[ERR] + cut[ERR]:  # its copy not written yet: wait
+                    return Layout(tuple(pieces), {k: tuple(v) for k, v in holes.items()})
+                take(ERR, err_end - nxt[1], ERR)
             take(OUT, end, GPUSV)
         else:  # HEADER_ERR: the copy of the header just shown, skipped
             take(ERR, end - length, ERR)
