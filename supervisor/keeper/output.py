@@ -234,7 +234,10 @@ class Relay:
             if output.index_fd < 0:
                 output.index_fd = open_private(output.index, output.uid, output.gid)
             written = os.write(output.index_fd, output.pending)
-            del output.pending[: written - written % RECORD.size]
+            torn = written % RECORD.size
+            if torn:  # a full disk took part of a record: cut it, or every later one shifts
+                os.ftruncate(output.index_fd, os.lseek(output.index_fd, 0, os.SEEK_END) - torn)
+            del output.pending[: written - torn]
         except OSError:
             pass
 
