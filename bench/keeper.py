@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import selectors
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,12 +56,15 @@ def _roots(tag: str) -> tuple[Path | None, Path | None]:
     return v2, v1
 
 
+ARGV = ["true"]  # each job's command (--command): what its output costs the keeper
+
+
 def _job(home: Path, job: int) -> dict[str, Any]:
     out = str(home / f"{job}.out")
     return {
         "job": job,
         "attempt": 1,
-        "argv": ["true"],
+        "argv": ARGV,
         "cwd": "/",
         "stdout": out,
         "stderr": out,
@@ -191,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--no-tsp", action="store_true")
+    p.add_argument(
+        "--command",
+        default="true",
+        help="each job's command, split as a shell would (e.g. 'head -c 65536 /dev/zero')",
+    )
     a = p.parse_args(argv)
+    ARGV[:] = shlex.split(a.command)
     root = Path(tempfile.mkdtemp(prefix="gpusv-keeper-bench-"))
     socket_path_room = 107 - len(str(root / "several" / "keeper0" / "sock"))
     assert socket_path_room > 0, "temporary directory path too long for a socket"

@@ -123,22 +123,28 @@ def cmd_show(client: Client, a: Args) -> int:
 def cmd_logs(client: Client, a: argparse.Namespace) -> int:
     from base64 import b64decode  # only here: every other command starts without it
 
+    from supervisor.client import logview
+
     if a.tail is not None and a.tail < 0:
         raise ConfigError("--tail: must be 0 or more lines")
-    request: dict[str, Any] = {"type": "logs", "ids": [a.id], "offset": 0}
-    request["stream"] = "stderr" if a.stderr else "stdout"
+    if a.stdout and a.stderr:
+        raise ConfigError("give --stdout or --stderr, not both")
+    stream = "stderr" if a.stderr else "stdout" if a.stdout else "both"
+    request: dict[str, Any] = {"type": "logs", "ids": [a.id], "offset": 0, "stream": stream}
     if a.tail is not None:
         request["tail_lines"] = a.tail
-    out = sys.stdout.buffer
+    mark = logview.marking(sys.stdout.isatty(), dict(os.environ)) if stream == "both" else "none"
+    view = logview.View(sys.stdout.buffer, as_json=a.json, mark=mark)
     while True:
         reply = client.call(dict(request))
-        data = b64decode(reply["data_b64"])
-        out.write(data)
-        out.flush()
+        for segment in reply.get("segments", ()):
+            view.write(segment["stream"], b64decode(segment["data_b64"]))
+        view.write(stream, b64decode(reply["data_b64"]))
         request["offset"] = reply["offset"]
         request.pop("tail_lines", None)
         caught_up = reply["offset"] >= reply.get("size", 0)
         if reply["done"] or (caught_up and not a.follow):
+            view.close()
             return 0
         if caught_up:
             time.sleep(0.2)
@@ -153,12 +159,17 @@ def wait_jobs(
     if timeout is not None:
         request["timeout_s"] = timeout
     reply = client.call(request)
+    why = _spawn_failures(client, reply["jobs"])
     if js:
         out_json({"jobs": reply["jobs"], "timed_out": reply["timed_out"]})
     elif not quiet:
         for job in reply["jobs"]:
-            reason = f" ({job['reason']})" if job.get("reason") else ""
+            reason = why.get(job["id"]) or job.get("reason")
+            reason = f" ({reason})" if reason else ""
             sys.stdout.write(f"{job['id']} {job['state']}{reason} exit {exit_status(job)}\n")
+    else:  # `submit --wait`, `run`: their output is the job's, so the reason goes to stderr
+        for job_id, text in why.items():
+            sys.stderr.write(f"gpusv: job {job_id} could not start: {text}\n")
     if reply["timed_out"]:
         sys.stderr.write("gpusv: wait timed out; the jobs go on\n")
         return EXIT_WAIT_TIMEOUT
@@ -166,6 +177,18 @@ def wait_jobs(
         if job["state"] != "succeeded":
             return exit_status(job)
     return 0
+
+
+def _spawn_failures(client: Client, jobs: list[dict[str, Any]]) -> dict[int, str]:
+    """Why each job that could not start did not (its `show`: the reason is in its
+    events), so that `wait` says it as `show` does."""
+    from supervisor.client.render import failure_text
+
+    out = {}
+    for job in jobs:
+        if str(job.get("reason") or "").startswith("spawn_") and job.get("id") is not None:
+            out[job["id"]] = failure_text(client.call({"type": "show", "ids": [job["id"]]})["job"])
+    return out
 
 
 def cmd_wait(client: Client, a: argparse.Namespace) -> int:

@@ -165,11 +165,15 @@ def _add_reading(sub: Any) -> None:
     s.add_argument("id", type=int, metavar="ID", help="job id")
     _json(s, "the job")
     s.set_defaults(fn="commands.cmd_show")
-    s = sub.add_parser("logs", help="a job's output (all of it, or the last lines)")
+    s = sub.add_parser(
+        "logs", help="a job's output and errors, in the order written (all, or the last lines)"
+    )
     s.add_argument("id", type=int, metavar="ID", help="job id")
     s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    s.add_argument("--stderr", action="store_true", help="standard error instead of output")
+    s.add_argument("--stdout", action="store_true", help="standard output alone")
+    s.add_argument("--stderr", action="store_true", help="standard error alone")
     s.add_argument("--tail", type=int, metavar="N", help="start at the last N lines")
+    s.add_argument("--json", action="store_true", help='one {"stream", "line"} object a line')
     s.set_defaults(fn="commands.cmd_logs")
     s = sub.add_parser("wait", help="wait for jobs; exit with the first failure's status")
     _ids(s, "*")

@@ -155,12 +155,32 @@ def _attempt(at: dict[str, Any]) -> str:
         end = "running"
     elif at.get("signal") is not None:
         end = f"signal {at['signal']}"
+    elif at.get("exit_code") is None and at.get("reason"):
+        end = "did not run" if at["reason"].startswith("spawn_") else "ended"
     else:
         end = f"exit {at.get('exit_code')}"
     reason = f" ({at['reason']})" if at.get("reason") else ""
+    why = (at.get("evidence") or {}).get("message") if end == "did not run" else None
+    reason += f": {why}" if why else ""
     peak = f", peak RSS {size_text(at['peak_rss_mb'])}" if at.get("peak_rss_mb") else ""
+    dropped = at.get("output_dropped_bytes")
+    peak += f", {dropped} bytes of output dropped (disk full)" if dropped else ""
     pid = at.get("pid") or "-"
     return f"  #{at['n']}  GPUs {gpus}  pid {pid}  {at['started_at']}  {end}{reason}{peak}"
+
+
+def failure_text(job: dict[str, Any]) -> str:
+    """The job's failure reason, with why it could not start where it never did (the
+    message of its last `exited` event, or of its last attempt's evidence)."""
+    reason = job.get("reason") or ""
+    if not reason.startswith("spawn_"):
+        return reason
+    for ev in reversed(job.get("events") or []):
+        if ev.get("kind") == "exited" and str(ev.get("message", "")).startswith(reason):
+            return str(ev["message"])
+    attempts = job.get("attempts") or [{}]
+    why = (attempts[-1].get("evidence") or {}).get("message")
+    return f"{reason}: {why}" if why else reason
 
 
 def _memory(job: dict[str, Any]) -> str:
@@ -218,7 +238,7 @@ def show_lines(job: dict[str, Any], paused: bool = False) -> list[str]:
     fields = [
         ("job", f"{job['id']}" + (f"  {job['name']}" if job.get("name") else "")),
         ("state", state),
-        ("reason", job.get("reason") or "-"),
+        ("reason", failure_text(job) or "-"),
         ("exit code", "-" if code is None else str(code)),
         ("command", command_text(job)),
         ("cwd", job.get("cwd") or "-"),
@@ -239,6 +259,9 @@ def show_lines(job: dict[str, Any], paused: bool = False) -> list[str]:
     ]
     if job.get("progress"):
         fields.insert(2, ("progress", job["progress"]))
+    if job.get("output_dropped_bytes"):
+        dropped = f"{job['output_dropped_bytes']} bytes (the disk was full; the job ran on)"
+        fields.insert(4, ("output lost", dropped))
     lines = [f"{k:12} {v}" for k, v in fields]
     if job.get("attempts"):
         lines += ["attempts", *(_attempt(a) for a in job["attempts"])]

@@ -85,7 +85,12 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
         job_id = int(submitted["ids"][0])
         client.replay = [request]
         _stream(client, job_id)
-        return exit_status(client.call({"type": "show", "ids": [job_id]})["job"])
+        job = client.call({"type": "show", "ids": [job_id]})["job"]
+        if str(job.get("reason") or "").startswith("spawn_"):
+            from supervisor.client.render import failure_text
+
+            sys.stderr.write(f"gpusv: job {job_id} could not start: {failure_text(job)}\n")
+        return exit_status(job)
     except _Stopped as stop:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cancel
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -30,6 +30,7 @@ class Facts:
     peak_vram_mb: int | None = None  # the most VRAM its processes held, where the backend tells
     machine: dict[str, Any] | None = None  # readings for a hang record, taken when seen
     exited_at: float | None = None  # epoch s its keeper reaped it: the attempt's end
+    output_dropped: int = 0  # bytes of its output its keeper could not write (a full disk)
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,14 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
         peak_vram_mb=f.peak_vram_mb or None,
         evidence=evidence,
     )
+    said = _dropped(attempt.n, f.output_dropped)
     if reason is None:
         done = transition(job, JobState.SUCCEEDED, at, None, exit_code=0)
-        return Outcome(done, closed, (Event("exited", "exited 0", {"exit_code": 0}),))
-    events = [Event("exited", f"{reason.value}: {_message(reason, f)}", {"reason": reason.value})]
+        return Outcome(done, closed, (*said, Event("exited", "exited 0", {"exit_code": 0})))
+    events = [
+        *said,
+        Event("exited", f"{reason.value}: {_message(reason, f)}", {"reason": reason.value}),
+    ]
     if reason is FailureReason.GPU_HANG:
         events.insert(0, Event("gpu_hang", "attempt failed as gpu_hang"))
     if reason is FailureReason.CANCELLED:
@@ -136,6 +141,14 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
         )
     )
     return Outcome(queued, closed, (*events,))
+
+
+def _dropped(n: int, dropped: int) -> tuple[Event, ...]:
+    """Output the job wrote that no file took (a full disk): said, and counted."""
+    if dropped <= 0:
+        return ()
+    message = f"{dropped} bytes of output dropped: the disk refused them (the job ran on)"
+    return (Event("output_dropped", message, {"bytes": dropped, "attempt": n}),)
 
 
 def reclassified(job: Job, attempt: Attempt, evidence: dict[str, Any]) -> Outcome | None:

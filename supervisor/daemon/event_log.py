@@ -43,9 +43,12 @@ def routine(kind: str, job: Job | None) -> bool:
 
 
 def warns(kind: str, reason: str | None) -> bool:
-    """A line an operator must see (`journalctl -p warning`): a GPU hang, and an attempt
-    that ended for the machine's sake (OOM-killed, or never started), not the job's."""
-    return kind == "gpu_hang" or (kind == "exited" and reason in _MACHINE_REASONS)
+    """A line an operator must see (`journalctl -p warning`): a GPU hang, output the disk
+    refused, and an attempt that ended for the machine's sake (OOM-killed, or never
+    started), not the job's."""
+    if kind in ("gpu_hang", "output_dropped"):
+        return True
+    return kind == "exited" and reason in _MACHINE_REASONS
 
 
 def about(w: SaveJob, ev: Event) -> dict[str, Any]:

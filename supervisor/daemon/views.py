@@ -82,7 +82,20 @@ def job_json(
         out["attempts"] = [cast(AttemptJson, a.to_json()) for a in attempts]
     if events is not None:
         out["events"] = events
+        _dropped(out, events)
     return out
+
+
+def _dropped(out: JobJson, events: list[dict[str, Any]]) -> None:
+    """Output the disk refused, from the `output_dropped` events: per attempt, and all."""
+    per: dict[int, int] = {}
+    for ev in events:
+        if ev.get("kind") == "output_dropped":
+            n = int(ev.get("attempt") or 0)
+            per[n] = per.get(n, 0) + int(ev.get("bytes") or 0)
+    out["output_dropped_bytes"] = sum(per.values())
+    for attempt in out.get("attempts", []):
+        attempt["output_dropped_bytes"] = per.get(attempt["n"], 0)
 
 
 def _memory(p: Projection | None) -> HostMemory | None:

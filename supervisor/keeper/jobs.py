@@ -8,11 +8,9 @@ synced, an acknowledgement answered only after the record is gone from the journ
 disk. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
 needs only that attempt's exit written (`ended`), not synced: what starts on the freed
 slot does not wait for the disk, and no one is told of the exit before it is synced.
-A disk that refuses (full) changes one thing: the sync does not hold the turn's answers
-back for ever; an exit the journal keeps in memory is reported all the same, and is
-written once the disk has room (journal.py), because an exit nobody hears of holds its
-card until a restart, and one reported but lost to a crash is only `lost` to the next
-keeper, after the daemon has committed it.
+A full disk does not hold answers back: an exit the journal keeps in memory is reported
+all the same and written once the disk has room (journal.py). Jobs' output goes through
+the relay (output.py): what the disk refuses is dropped and counted with the exit.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from .answers import Reply as Reply
 from .answers import spawn_error
 from .journal import Journal, Key, Record
 from .oom_adj import write_oom_score_adj
+from .output import Relay, Sink, output_of
 from .spawn import Spec, transient
 
 KILL_POLL_S = 0.02
@@ -68,6 +67,7 @@ class Jobs:
         self._warned: set[str] = set()
         self.direct: direct.Home | None = None  # where jobs may start with posix_spawn
         self.fork = spawn.fork  # the gated fork: a seam for a fork that fails
+        self.output = Relay(log)  # jobs' stdout and stderr, through pipes into their files
 
     def warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -99,13 +99,13 @@ class Jobs:
         if self.direct is not None and spec.uid is None and groups.any:
             with contextlib.suppress(direct.NotNow):
                 return self._spawn_direct(self.direct, spec, groups, reply)
+        sink = self._sink(spec, groups)
         try:
             cgroup.configure(groups, spec.mem_max)
-            forked = self.fork(spec, groups)
-        except (OSError, spawn.SetupFailed) as exc:  # nothing ran; the cgroups are unused
+            forked = self.fork(spec, groups, sink.out_w, sink.err_w)
+        except OSError as exc:  # nothing ran; the cgroups are unused
             _remove_quietly(groups)
-            if isinstance(exc, spawn.SetupFailed):
-                raise Refused("spawn", str(exc), transient=exc.transient) from None
+            Relay.abandon(sink)
             raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
         record = Record(
             spec.job,
@@ -121,6 +121,7 @@ class Jobs:
         except OSError as exc:  # the gate never opens: the child exits, reaped as an orphan
             os.close(forked.gate)
             os.close(forked.status)
+            Relay.abandon(sink)
             self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
             message = f"cannot record the start: {exc.strerror}"
             raise Refused("spawn", message, transient=True) from None
@@ -128,7 +129,15 @@ class Jobs:
         # each page the keeper writes is copied for it. (Waiting here for the exec saved
         # no CPU that could be measured and held the loop: fewer jobs/s.)
         spawn.open_gate(forked.gate)
+        self.output.start(output_of(spec), sink)
         return self._hold(record, forked.status, reply)
+
+    def _sink(self, spec: Spec, groups: cgroup.Groups) -> Sink:
+        try:  # out of descriptors: nothing ran
+            return Relay.sink(spec.stdout == spec.stderr)
+        except OSError as exc:
+            _remove_quietly(groups)
+            raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
 
     def _hold(self, record: Record, status_fd: int | None, reply: Reply | None) -> Live:
         """A started job into the live table, whatever fails: without a pidfd (EMFILE)
@@ -145,19 +154,9 @@ class Jobs:
     def _spawn_direct(
         self, home: direct.Home, spec: Spec, groups: cgroup.Groups, reply: Reply
     ) -> Live | None:
-        """posix_spawn (direct.py). The record, naming the cgroups that will hold the job,
-        is written before the process exists, and its pid once it does: a keeper that
-        dies in between leaves a record whose cgroup the next keeper empties."""
-        try:
-            out = spawn.open_log(spec.stdout, None, None)
-            try:
-                err = out if spec.stderr == spec.stdout else spawn.open_log(spec.stderr, None, None)
-            except BaseException:
-                os.close(out)
-                raise
-        except OSError as exc:
-            _remove_quietly(groups)
-            raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
+        """posix_spawn (direct.py). The record, naming the job's cgroups, is written before
+        the process exists, and its pid once it does (takeover.py: what a keeper left)."""
+        sink = self._sink(spec, groups)
         try:
             with home.oom_score_adj(spec.oom_score_adj):  # NotNow: the fork takes it over
                 record = Record(spec.job, spec.attempt, 0, 0, time.time(), *groups)
@@ -168,17 +167,18 @@ class Jobs:
                     self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
                     message = f"cannot record the start: {exc.strerror}"
                     raise Refused("spawn", message, transient=True) from None
-                pid = home.start(spec, groups, out, err, spawn.devnull())
+                pid = home.start(spec, groups, sink.out_w, sink.err_w, spawn.devnull())
         except direct.Failed as exc:
-            if exc.stderr:
+            if exc.stderr:  # into the pipe: relayed to the job's stderr file
                 with contextlib.suppress(OSError):
-                    os.write(err, exc.stderr.encode(errors="replace"))
+                    os.write(sink.err_w, exc.stderr.encode(errors="replace"))
+            self.output.start(output_of(spec), sink)
             self._never_ran(record, str(exc), reply, exc.transient)
             return None
-        finally:
-            os.close(out)
-            if err != out:
-                os.close(err)
+        except BaseException:  # nothing ran (NotNow: the fork makes pipes of its own)
+            Relay.abandon(sink)
+            raise
+        self.output.start(output_of(spec), sink)
         if home.broken:
             self.log(f"jobs start by fork from now on: {home.broken}")
             self.direct = None
@@ -205,6 +205,7 @@ class Jobs:
             peak_bytes=None,
             oom_kills=None,
             leftovers=0,
+            output_dropped=self.output.ended(record.key),
         )
         self.after_sync.append(lambda: reply({"error": spawn_error(error, passing)}))
         self.after_sync.append(lambda: self.on_exit(record))
@@ -265,6 +266,7 @@ class Jobs:
             peak_bytes=peak,
             oom_kills=oom,
             leftovers=len(cgroup.pids(groups) if groups.any else self._escapees(record)),
+            output_dropped=self.output.ended(key),
         )
         reply, error, passing = live.spawn_reply, live.error, live.transient
         if reply is not None and error:

@@ -59,6 +59,7 @@ class Record:
     peak_bytes: int | None = None
     oom_kills: int | None = None
     leftovers: int = 0  # processes of the job still alive when its leader ended
+    output_dropped: int = 0  # bytes of its output the disk refused, by its exit (output.py)
     damaged: bool = False  # a journal line of it could not be read at replay
 
     @property

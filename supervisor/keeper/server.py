@@ -58,6 +58,7 @@ class Server:
         self.terms = 0  # SIGTERMs seen and not yet logged
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
+        jobs.output.sel = self.sel  # jobs' output pipes are read on this loop
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)

@@ -1,7 +1,8 @@
 """Fork a job so that it cannot run its command before its start is in the journal.
 
-The child sets itself up (session, oom_score_adj, cgroups, output files, the user's
-ids, then the working directory entered as that user) and then blocks on a gate pipe.
+The child sets itself up (session, oom_score_adj, cgroups, its stdout and stderr on the
+keeper's relay pipes (output.py), the user's ids, then the working directory entered as
+that user) and then blocks on a gate pipe.
 The keeper writes the start record (pid, start time, cgroups) to the journal and then
 opens the gate at once: written (in the page cache) is enough, not synced, because the
 record must outlive a crash of the keeper or of gpusvd, which the page cache does, and a
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +26,6 @@ from .journal import Key
 from .pidfds import start_ticks as start_ticks  # re-exported: the spawn path reads it
 
 GO = b"g"
-READY = b"\0"  # on the status pipe: the output files are open (no message starts so)
 TRANSIENT = b"\x01"  # on the status pipe, before a reason: a passing one (EAGAIN...)
 # Failures that may pass: the host is short of processes, memory, descriptors or disk,
 # or a call was interrupted. A start that failed so is tried again by gpusvd, within
@@ -43,7 +42,6 @@ TRANSIENT_ERRNOS = frozenset(
         errno.EDQUOT,
     }
 )
-OUTPUT_WAIT_S = 2.0  # the most the loop waits for a child to open its output files
 # Signals the keeper ignores or handles, set back to their defaults for a job's command
 # (an ignored signal stays ignored across exec).
 JOB_DEFAULTS = (
@@ -78,6 +76,7 @@ class Spec:
     groups: tuple[int, ...] | None = None
     oom_score_adj: int | None = None
     mem_max: int | None = None  # bytes
+    index: str | None = None  # where the order of the two streams is recorded (output.py)
 
 
 def parse_spec(msg: dict[str, Any]) -> Spec:
@@ -99,6 +98,9 @@ def parse_spec(msg: dict[str, Any]) -> Spec:
         isinstance(groups, list) and all(type(g) is int and g >= 0 for g in groups)
     ):
         raise BadRequest("groups: a list of group ids")
+    index = msg.get("index")
+    if index is not None and not (_text(index) and index.startswith("/")):
+        raise BadRequest("index: an absolute path or null")
     adj = _opt_int(msg, "oom_score_adj", -1000)
     if adj is not None and adj > 1000:
         raise BadRequest("oom_score_adj: from -1000 to 1000")
@@ -115,6 +117,7 @@ def parse_spec(msg: dict[str, Any]) -> Spec:
         None if groups is None else tuple(groups),
         adj,
         _opt_int(msg, "mem_max", 1),
+        index,
     )
 
 
@@ -155,26 +158,6 @@ class Forked:
     status: int  # EOF once the command exec'd; else the reason it could not start
 
 
-def open_log(path: str, uid: int | None, gid: int | None) -> int:
-    """The job's output file, private to the job's user: output may echo its secrets, and
-    a primary group is often shared, so not even the group may read it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(path, flags, 0o600)
-    try:
-        # A file left by an older attempt (or a umask) may differ; a new one seldom does,
-        # and a look costs less than an inode change the filesystem must log.
-        st = os.fstat(fd)
-        if st.st_mode & 0o7777 != 0o600:
-            os.fchmod(fd, 0o600)
-        owner = st.st_uid == uid and (gid is None or st.st_gid == gid)
-        if uid is not None and not owner and os.geteuid() == 0:
-            os.fchown(fd, uid, gid if gid is not None else -1)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def devnull() -> int:
     """The job's stdin: opened once for the keeper's life (close-on-exec), not per job."""
     global _DEVNULL
@@ -186,19 +169,10 @@ def devnull() -> int:
 _DEVNULL = -1
 
 
-class SetupFailed(Exception):
-    """The child could not open the job's output files: nothing ran. The reason, and
-    whether it may pass (a full disk, too many open files, a filesystem too slow)."""
-
-    def __init__(self, message: str, *, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
-
-
-def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
-    """Fork the job's child, which opens the job's output files, says so, and waits at
-    the gate. Raises OSError (cgroup descriptors, pipes, fork) or SetupFailed (output
-    files) with nothing left behind but a child on its way out, reaped as an orphan."""
+def fork(spec: Spec, groups: cgroup.Groups, out: int, err: int) -> Forked:
+    """Fork the job's child, which waits at the gate with `out` and `err` (the write ends
+    of its relay pipes) as its stdout and stderr. Raises OSError (cgroup descriptors,
+    pipes, fork) with nothing left behind."""
     fds: list[int] = []
     gate_w = status_r = -1
     try:
@@ -211,11 +185,10 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
         null = devnull()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
-            _child(spec, null, joins, gate_r, status_w)
+            _child(spec, null, (out, err), joins, gate_r, status_w)
         for fd in fds:
             os.close(fd)
         fds = []
-        _await_output(status_r, pid)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -226,54 +199,26 @@ def fork(spec: Spec, groups: cgroup.Groups) -> Forked:
     return Forked(pid, gate_w, status_r)
 
 
-def _await_output(status: int, pid: int) -> None:
-    """The child creates the job's output files, not the keeper: on a busy filesystem a
-    new inode costs more than the rest of a spawn, and the keeper's loop is the one
-    thread every job shares. It waits for them as it waited for its own open() before,
-    but no longer than OUTPUT_WAIT_S (a hung filesystem must not hold every job's loop):
-    then the child is killed, through a pidfd, and the start refused as a passing
-    failure. No record exists until they are open."""
-    poller = select.poll()
-    poller.register(status, select.POLLIN)
-    if not poller.poll(int(OUTPUT_WAIT_S * 1000)):
-        fd = os.pidfd_open(pid)  # our own child, not reaped: still this process
-        try:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-        finally:
-            os.close(fd)
-        message = f"cannot start the job: its output files took over {OUTPUT_WAIT_S:g}s to open"
-        raise SetupFailed(message, transient=True)
-    first = os.read(status, 1)
-    if first != READY:
-        rest = os.read(status, 4096) if first else b""
-        passing = (first + rest).startswith(TRANSIENT)
-        message = (first + rest).removeprefix(TRANSIENT).decode(errors="replace")
-        message = message or "cannot start the job: it died before its output opened"
-        raise SetupFailed(message, transient=passing)
-
-
 def _child(
-    spec: Spec, null: int, joins: list[int], gate: int, status: int
+    spec: Spec, null: int, sink: tuple[int, int], joins: list[int], gate: int, status: int
 ) -> None:  # pragma: no cover - runs between fork and exec
-    """Never returns. Order matters: the output files first (the keeper waits for them,
-    _await_output), oom_score_adj and the cgroups while still privileged, then the
-    user's ids, then the cwd as that user, so root lends nothing. Everything but the
-    read of the gate comes before it: the keeper opens the gate as soon as the start is
-    written, and each moment this child lives on the keeper's pages costs the keeper a
-    copy of every page it writes meanwhile."""
+    """Never returns. Order matters: oom_score_adj and the cgroups while still
+    privileged, then the user's ids, then the cwd as that user, so root lends nothing.
+    Everything but the read of the gate comes before it: the keeper opens the gate as
+    soon as the start is written, and each moment this child lives on the keeper's
+    pages costs the keeper a copy of every page it writes meanwhile."""
     stage = "cannot start the job"
     try:
         signal.set_wakeup_fd(-1)
         for sig in JOB_DEFAULTS:
             signal.signal(sig, signal.SIG_DFL)
-        out, err = _open_output(spec, status)
         os.setsid()
         _own_oom_score_adj(spec.oom_score_adj)
         for fd in joins:
             os.write(fd, b"0")
         os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
+        os.dup2(sink[0], 1)
+        os.dup2(sink[1], 2)
         # Nothing of the keeper's may reach the job, nor wait here with it: its descriptors
         # are close-on-exec, but another child's gate held open in this one would outlive
         # a keeper that died, and that child would wait for this one.
@@ -301,21 +246,6 @@ def _child(
         finally:
             os._exit(127)
     os._exit(127)
-
-
-def _open_output(spec: Spec, status: int) -> tuple[int, int]:  # pragma: no cover - child
-    """Still root here: the files are made private to the job's user (open_log)."""
-    try:
-        out = open_log(spec.stdout, spec.uid, spec.gid)
-        # One open file for both when they are one path, as 2>&1 would: both append.
-        err = out if spec.stderr == spec.stdout else open_log(spec.stderr, spec.uid, spec.gid)
-    except OSError as exc:
-        where = f"cannot open {exc.filename}" if exc.filename else "cannot open the output"
-        mark = TRANSIENT.decode() if transient(exc) else ""
-        os.write(status, f"{mark}{where}: {exc.strerror}".encode(errors="replace"))
-        os._exit(127)
-    os.write(status, READY)
-    return out, err
 
 
 def _own_oom_score_adj(value: int | None) -> None:  # pragma: no cover - in the child
@@ -360,6 +290,4 @@ def open_gate(gate: int) -> None:
 
 
 def open_failure(exc: OSError) -> str:
-    if exc.filename:
-        return f"cannot open {exc.filename}: {exc.strerror}"
     return f"cannot start the job: {exc.strerror}"

@@ -320,8 +320,8 @@ def _parse_ref(kind: str, f: _Fields) -> JobRef:
     if kind == "logs":
         tail = f.int_("tail_lines", None, 0, MAX_ID)
         stream = f.str_("stream", "stdout", 10) or "stdout"
-        if stream not in ("stdout", "stderr"):
-            raise f.fail("stream", "must be 'stdout' or 'stderr'")
+        if stream not in ("stdout", "stderr", "both"):
+            raise f.fail("stream", "must be 'stdout', 'stderr' or 'both'")
         offset = f.int_("offset", 0, 0, MAX_ID) or 0
         follow = f.bool_("follow")
     f.done()

@@ -117,6 +117,7 @@ class AttemptJson(TypedDict):
     evidence: dict[str, Any] | None
     stopping: str | None  # a running attempt being stopped: the stop's reason
     rss_mb: NotRequired[int]  # a running attempt's tree now
+    output_dropped_bytes: NotRequired[int]  # its output the disk refused (with `show`)
 
 
 class ArrayRefJson(TypedDict):
@@ -162,6 +163,7 @@ class JobJson(TypedDict):
     ended_at: str | None
     attempts: NotRequired[list[AttemptJson]]
     events: NotRequired[list[dict[str, Any]]]
+    output_dropped_bytes: NotRequired[int]  # all attempts' output the disk refused (`show`)
 
 
 class PublicJobJson(TypedDict):
@@ -218,13 +220,19 @@ class WaitReply(TypedDict):
     timed_out: bool
 
 
+class LogSegment(TypedDict):
+    stream: str  # "stdout", "stderr", or "gpusv" (the line between two attempts)
+    data_b64: str
+
+
 class LogsReply(TypedDict):
     ok: Literal[True]
-    data_b64: str
-    offset: int
+    data_b64: str  # one stream's bytes; empty for "both", whose bytes are in `segments`
+    offset: int  # "both": a position in the merged stream
     size: int  # the log's size now, for --tail
     done: bool
     state: State
+    segments: NotRequired[list[LogSegment]]  # "both": in the order they were written
 
 
 class ErrorBody(TypedDict):

@@ -119,6 +119,16 @@ def test_the_events_say_what_happened() -> None:
     assert [e.kind for e in out.events] == ["exited", "interrupted"]
 
 
+def test_output_the_disk_refused_is_an_event_whatever_the_end() -> None:
+    ok = Facts(ExitStatus(0, None), output_dropped=4096)
+    out = end_of_attempt(job(0, 0), ATTEMPT, ok, AT, NOW)
+    assert out.job.state is JobState.SUCCEEDED
+    assert [e.kind for e in out.events] == ["output_dropped", "exited"]
+    assert out.events[0].data == {"bytes": 4096, "attempt": 1}
+    out = end_of_attempt(job(0, 0), ATTEMPT, FACTS["exit 1"], AT, NOW)
+    assert "output_dropped" not in [e.kind for e in out.events]
+
+
 # ---- a reset line that arrives after the exit ------------------------------------------
 
 ENDED = Attempt(1, 1, (0,), AT, "k", ended_at=AT, exit_code=1, reason="exit_nonzero")

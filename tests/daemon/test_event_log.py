@@ -114,3 +114,10 @@ def test_a_success_is_routine_and_a_failure_to_be_retried_is_not() -> None:
     assert job_lines.routine("exited", job(1, JobState.SUCCEEDED))
     assert not job_lines.routine("exited", job(1, JobState.QUEUED))  # a failure to retry
     assert not job_lines.routine("interrupted", job(1, JobState.QUEUED))
+
+
+def test_output_the_disk_refused_is_a_warning_as_a_hang_is() -> None:
+    from supervisor.daemon.event_log import warns
+
+    assert warns("output_dropped", None) and warns("gpu_hang", None)
+    assert warns("exited", "spawn_failed") and not warns("exited", "exit_nonzero")

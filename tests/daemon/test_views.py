@@ -3,6 +3,8 @@ field; what anyone may see of someone else's job; and the live flags."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
@@ -91,11 +93,24 @@ def test_attempts_and_events_when_asked_for() -> None:
             "peak_vram_mb": None,
             "evidence": None,
             "stopping": None,
+            "output_dropped_bytes": 0,
         }
     ]
     assert out["events"] == events
+    assert out["output_dropped_bytes"] == 0
     assert "attempts" not in job_json(JOB, host_memory=None)
     assert "events" not in job_json(JOB, host_memory=None)
+
+
+def test_output_dropped_is_summed_from_its_events_per_attempt_and_in_all() -> None:
+    events: list[dict[str, Any]] = [
+        {"at": "t", "kind": "output_dropped", "message": "m", "bytes": 100, "attempt": 1},
+        {"at": "t", "kind": "exited", "message": "exited 0"},
+        {"at": "t", "kind": "output_dropped", "message": "m", "bytes": 5, "attempt": 2},
+    ]
+    out = job_json(JOB, host_memory=None, attempts=[ATTEMPT], events=events)
+    assert out["output_dropped_bytes"] == 105
+    assert out["attempts"][0]["output_dropped_bytes"] == 100
 
 
 def test_a_queued_job_has_no_reason_and_its_hold_shows() -> None:

@@ -123,7 +123,9 @@ def test_a_child_whose_start_was_never_recorded_never_runs_its_command(tmp_path:
     marker = tmp_path / "ran"
     out = str(tmp_path / "out")
     spec = spawn.Spec(1, 1, ("touch", str(marker)), "/", {"PATH": "/usr/bin:/bin"}, out, out)
-    forked = spawn.fork(spec, cgroup.Groups())
+    null = os.open(os.devnull, os.O_WRONLY)
+    forked = spawn.fork(spec, cgroup.Groups(), null, null)
+    os.close(null)
     os.close(forked.status)
     os.close(forked.gate)  # as a dead keeper's would be
     _, status = os.waitpid(forked.pid, 0)

@@ -348,5 +348,8 @@ class Api:
         job = await self._job(req.ids[0])
         if not self.access.may_act(peer, job):
             raise forbidden(f"logs of job {job.id}")
+        if req.stream == "both":
+            out = self.logs_dir / f"{job.id}.out"
+            return joblogs.merged_reply(out, req.offset, LOG_CHUNK, req.tail_lines, job.state)
         path = self.logs_dir / f"{job.id}.{'out' if req.stream == 'stdout' else 'err'}"
         return joblogs.chunk_reply(path, req.offset, LOG_CHUNK, req.tail_lines, job.state)

@@ -173,7 +173,7 @@ class Runner:
             env["GPUSV_ARRAY_INDEX"] = str(job.spec.array_index)
         out, err = self.log_paths(job.id)
         if n > 1:  # where one attempt's output ends and the next one's starts
-            joblogs.append((out, err), joblogs.header(job.id, n, now_iso()))
+            joblogs.write_header(out, err, joblogs.header(job.id, n, now_iso()))
         limit = job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
         return Spec(
             job=job.id,
@@ -188,6 +188,7 @@ class Runner:
             groups=groups,
             oom_score_adj=ranking.NEWEST,
             mem_max=limit and limit * 2**20,
+            index=str(joblogs.index_of(out)),
         )
 
     async def launch(self, order: Spawn) -> None:
@@ -302,6 +303,7 @@ class Runner:
             peak_vram_mb=p.peak_vram_mb,
             machine=machine,
             exited_at=ended.ended_at if ended else None,
+            output_dropped=ended.output_dropped if ended else 0,
         )
         newest = ranking.newest_job({q.job_id: q.seq for q in self.procs.values()})
         await self.engine.do(Ended(p.job_id, p.n, facts))

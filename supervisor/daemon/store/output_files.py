@@ -1,10 +1,11 @@
-"""Job output files (STATE/logs/ID.out and ID.err): attempt headers, reading, the size cap
-and the retention sweep.
+"""Job output files (STATE/logs/ID.out, ID.err and the index of their order, ID.idx):
+attempt headers, reading, the size cap and the retention sweep.
 
-A job writes its files itself (they outlive the daemon), so a cap cannot stop a write:
-past `logs.max_size` the middle of the file is collapsed away in place (fallocate's
-COLLAPSE_RANGE keeps appends going), the head and the tail are kept, and a marker at the
-end of the head says how much was cut.
+A job's keeper writes its files (relaying its pipes, supervisor/keeper/output.py; they
+outlive the daemon), so a cap cannot stop a write: past `logs.max_size` the middle of
+the file is collapsed away in place (fallocate's COLLAPSE_RANGE keeps appends going),
+the head and the tail are kept, a marker at the end of the head says how much was cut,
+and the index records the cut. Both streams read as one, in order: output_merge.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import anyio
 import structlog
 
 from supervisor.core.jobs import JobState
+from supervisor.daemon.store import output_merge as merge
+from supervisor.keeper.output import CUT_ERR, CUT_OUT, HEADER_ERR, HEADER_OUT, RECORD
 from supervisor.wire.shapes import LogsReply
 
 if TYPE_CHECKING:
@@ -36,7 +39,8 @@ _MARKER = "\n[gpusv: {:>16} bytes of output cut here to keep the log under logs.
 MARKER_LEN = len(_MARKER.format(0))
 _MARKER_RE = re.compile(rb"\[gpusv: +(\d+) bytes of output cut here")
 _READ_BACK = 64 * 1024
-_NAME = re.compile(r"^(\d+)\.(?:out|err)$")
+_NAME = re.compile(r"^(\d+)\.(?:out|err|idx)$")
+_OPEN = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def logs_dir(state_dir: Path) -> Path:
@@ -49,13 +53,26 @@ def header(job_id: int, attempt: int, started_at: str) -> bytes:
     return f"\n--- gpusv: job {job_id}, attempt {attempt}, started {started_at} ---\n".encode()
 
 
-def append(paths: Iterable[Path], data: bytes) -> None:
-    for path in paths:
-        with contextlib.suppress(OSError):  # no log yet, or unwritable: the job still runs
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-            try:
+def index_of(path: Path) -> Path:
+    """`ID.idx`, the order of `ID.out`'s and `ID.err`'s writes."""
+    return path.with_suffix(".idx")
+
+
+def write_header(out: Path, err: Path, data: bytes) -> None:
+    """The header between two attempts, in both files, recorded in the index first: a
+    reader that finds the records before the bytes waits for them (output_merge.py)."""
+    fds: list[int] = []
+    with contextlib.suppress(OSError):  # no log yet, or unwritable: the job still runs
+        try:
+            for path in (out, err, index_of(out)):
+                fds.append(os.open(path, _OPEN, 0o600))
+            ends = [os.fstat(fd).st_size + len(data) for fd in fds[:2]]
+            records = RECORD.pack(HEADER_OUT, len(data), ends[0])
+            os.write(fds[2], records + RECORD.pack(HEADER_ERR, len(data), ends[1]))
+            for fd in fds[:2]:
                 os.write(fd, data)
-            finally:
+        finally:
+            for fd in fds:
                 os.close(fd)
 
 
@@ -71,6 +88,39 @@ def chunk_reply(
         "offset": start + len(data),
         "size": size,
         "done": state.terminal and start + len(data) >= size,
+        "state": state.value,
+    }
+
+
+def merged_reply(
+    out: Path, offset: int, limit: int, tail_lines: int | None, state: JobState
+) -> LogsReply:
+    """`gpusv logs` of both streams: segments of the merged stream from `offset` (a
+    position in it, output_merge.py) or from its last `tail_lines` lines."""
+    fds, sizes = merge.open_files({merge.OUT: out, merge.ERR: out.with_suffix(".err")})
+    try:
+        try:
+            index = index_of(out).read_bytes()
+        except FileNotFoundError:
+            index = b""
+        lay = merge.layout(index, sizes)
+        if tail_lines is not None:
+            offset = merge.tail_position(lay, fds, tail_lines)
+        segments, offset = merge.read(lay, fds, offset, limit)
+    finally:
+        for fd in fds.values():
+            if fd >= 0:
+                os.close(fd)
+    return {
+        "ok": True,
+        "data_b64": "",
+        "segments": [
+            {"stream": label, "data_b64": base64.b64encode(data).decode()}
+            for label, data in segments
+        ],
+        "offset": offset,
+        "size": lay.size,
+        "done": state.terminal and offset >= lay.size,
         "state": state.value,
     }
 
@@ -149,9 +199,21 @@ def cap(path: Path, max_bytes: int) -> int:
                 return 0
             _copy_tail(fd, head, st.st_size, st.st_size - head - cut)
         os.pwrite(fd, _MARKER.format(total).encode(), head - MARKER_LEN)
+        _record_cut(path, head, cut)
         return cut
     finally:
         os.close(fd)
+
+
+def _record_cut(path: Path, head: int, cut: int) -> None:
+    """The merged reading skips what was cut (output_merge.py)."""
+    kind = CUT_ERR if path.suffix == ".err" else CUT_OUT
+    with contextlib.suppress(OSError):
+        fd = os.open(index_of(path), _OPEN, 0o600)
+        try:
+            os.write(fd, RECORD.pack(kind, cut, head))
+        finally:
+            os.close(fd)
 
 
 def expired(
@@ -185,7 +247,7 @@ def remove(logs_dir: Path, job_ids: Iterable[int]) -> int:
     """Delete these jobs' logs; the bytes of disk freed."""
     freed = 0
     for job_id in job_ids:
-        for suffix in ("out", "err"):
+        for suffix in ("out", "err", "idx"):
             path = logs_dir / f"{job_id}.{suffix}"
             with contextlib.suppress(FileNotFoundError):
                 freed += os.lstat(path).st_blocks * 512
