@@ -5,6 +5,7 @@ stderr."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
