@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobSpec, JobState
-from supervisor.core.outcome import Facts, end_of_attempt, failure, reclassified
+from supervisor.core.outcome import Facts, end_of_attempt, failure, keeper_death, reclassified
 from supervisor.core.records import Attempt
 
 AT, NOW = "2026-01-01T00:00:00.000Z", 1000.0
@@ -43,6 +43,9 @@ FACTS: dict[str, Facts] = {
     "cancelled before it started": Facts(None, killed_for=R.CANCELLED),
     "drained while running": Facts(TERMED, killed_for=R.INTERRUPTED),
     "drained before it started": Facts(None, killed_for=R.INTERRUPTED),
+    "its keeper died": Facts(
+        KILLED, killed_for=R.INTERRUPTED, kill_evidence=keeper_death("gpu0", 4242)
+    ),
     "spawn failed": Facts(None, spawn_error="executable not found: x"),
     "cancelled, and the spawn failed": Facts(None, killed_for=R.CANCELLED, spawn_error="e"),
 }
@@ -76,6 +79,7 @@ EXPECTED: dict[str, tuple[FailureReason | None, dict[str, tuple[Any, ...]]]] = {
     "cancelled before it started": (R.CANCELLED, CANCEL),
     "drained while running": (R.INTERRUPTED, REQUEUE),
     "drained before it started": (R.INTERRUPTED, REQUEUE),
+    "its keeper died": (R.INTERRUPTED, ORDINARY),
     "spawn failed": (R.SPAWN_FAILED, NEVER),
     "cancelled, and the spawn failed": (R.CANCELLED, CANCEL),
 }
@@ -117,6 +121,32 @@ def test_the_events_say_what_happened() -> None:
     assert [e.kind for e in out.events] == ["exited", "cancelled"]
     out = end_of_attempt(job(0, 0), ATTEMPT, FACTS["drained while running"], AT, NOW)
     assert [e.kind for e in out.events] == ["exited", "interrupted"]
+
+
+def test_a_keeper_death_is_named_and_costs_an_attempt() -> None:
+    died = FACTS["its keeper died"]
+    out = end_of_attempt(job(0, 0), ATTEMPT, died, AT, NOW)
+    assert [e.message for e in out.events] == [
+        "interrupted: keeper gpu0 died (pid 4242)",
+        "retry in 1s (ordinary budget)",
+    ]
+    assert out.attempt.evidence == {
+        "message": "keeper gpu0 died (pid 4242)",
+        "keeper": "gpu0",
+        "keeper_pid": 4242,
+    }
+    spent = end_of_attempt(job(3, 0), ATTEMPT, died, AT, NOW)
+    assert (spent.job.state, spent.job.reason) == (JobState.FAILED, R.INTERRUPTED)
+    assert [e.message for e in spent.events] == ["interrupted: keeper gpu0 died (pid 4242)"]
+    assert "daemon stop" not in " ".join(e.message for e in (*out.events, *spent.events))
+
+
+def test_a_spawn_error_keeps_its_kind() -> None:
+    facts = Facts(None, spawn_error="cannot make cgroup /x: No such file", spawn_kind="cgroup")
+    assert failure(facts) == (
+        R.SPAWN_FAILED,
+        {"message": "cannot make cgroup /x: No such file", "kind": "cgroup"},
+    )
 
 
 # ---- a reset line that arrives after the exit ------------------------------------------
