@@ -83,6 +83,13 @@ class Keeper:
     _back: anyio.Event | None = None  # set once connected again; None while connected
     _spawning: dict[int, Key] = field(default_factory=dict)  # spawns not answered yet
     _task: asyncio.Task[None] | None = None
+    # The watch (keeper_watch.py): when the oldest ping not yet answered was sent (None:
+    # every message so far answered), and since when it counts as not answering.
+    asked: float | None = None
+    silent_since: float | None = None
+    # Attempts whose end gpusvd recorded itself (it killed them while the keeper did not
+    # answer): their exits, when the keeper sends them, are only acknowledged.
+    settled: set[Key] = field(default_factory=set)
 
     async def call(
         self,
@@ -191,6 +198,10 @@ class Keeper:
         return self._ended.pop(key)
 
     def _exited(self, record: Record) -> None:
+        if record.key in self.settled:  # its end is recorded already: only let it go
+            self.settled.discard(record.key)
+            self._tell_now("ack", {"job": record.job, "attempt": record.attempt})
+            return
         self._ended[record.key] = record
         event = self._waiting.pop(record.key, None)
         if event is not None:
@@ -231,7 +242,24 @@ class Keeper:
                 found += 1
         log.info("keeper list read again after a skipped line", keeper=self.name, exits=found)
 
+    def ping(self, now: float) -> None:
+        """Ask the keeper for a sign of life, unless a question is still unanswered: any
+        message heard answers it (`_dispatch`)."""
+        if self.asked is None and not self.gone and self._back is None:
+            self.asked = now
+            self._tell_now("ping", {})
+
+    def settle(self, record: Record) -> None:
+        """An end gpusvd recorded itself (the keeper did not answer; gpusvd killed the
+        job's cgroup): the watcher takes it as the keeper's own."""
+        self.settled.add(record.key)
+        self._ended[record.key] = record
+        event = self._waiting.pop(record.key, None)
+        if event is not None:
+            event.set()
+
     def _dispatch(self, message: dict[str, Any]) -> None:
+        self.asked = None  # it answers
         if message.get("event") == "exit":
             self._exited(record_from(message["job"]))
             return

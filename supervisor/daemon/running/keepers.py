@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from supervisor.daemon.running.keeper_calls import Drop as Drop
 from supervisor.daemon.running.keeper_calls import Keeper as Keeper
 from supervisor.daemon.running.keeper_calls import KeeperGone as KeeperGone
 from supervisor.daemon.running.keeper_calls import SpawnDropped as SpawnDropped
+from supervisor.daemon.running.keeper_watch import SILENT_AFTER_S, KeeperWatch
 from supervisor.daemon.running.keeper_wire import Wire
 from supervisor.daemon.running.launch import SpawnError
 from supervisor.keeper.client import KeeperError, launch
@@ -53,12 +55,23 @@ class Keepers:
     runs in this object's own task group."""
 
     def __init__(
-        self, state_dir: Path, cgroup2: Path | None = None, memcg: Path | None = None
+        self,
+        state_dir: Path,
+        cgroup2: Path | None = None,
+        memcg: Path | None = None,
+        *,
+        silent_after_s: float = SILENT_AFTER_S,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.root = state_dir / "keepers"
         self.cgroup2, self.memcg = cgroup2, memcg
         self.keepers: dict[str, Keeper] = {}
+        # keeper -> why its last start was refused for want of a cgroup (until one works)
+        self.cgroup_trouble: dict[str, str] = {}
         self._lock = anyio.Lock(fast_acquire=True)
+        self.watch = KeeperWatch(
+            lambda: self.keepers, silent_after_s=silent_after_s, on_change=on_change
+        )
 
     async def __aenter__(self) -> Keepers:
         return self
@@ -67,6 +80,23 @@ class Keepers:
         for keeper in self.keepers.values():  # the connections; the keepers live on
             keeper.closing = True
             keeper.wire.close()
+
+    def problems(self, now: float) -> list[str]:
+        """For `gpusv health`: keepers that do not answer, and keepers whose jobs are
+        refused for want of a cgroup."""
+        refused = [
+            f"keeper {name}: jobs not started: {why}"
+            for name, why in sorted(self.cgroup_trouble.items())
+        ]
+        return self.watch.problems(now) + refused
+
+    def state(self, name: str) -> str | None:
+        """A keeper as `gpusv gpus` shows it: "ok", "not answering", or None (none
+        started, or it died and none has been started since)."""
+        keeper = self.keepers.get(name)
+        if keeper is None or keeper.gone:
+            return None
+        return "not answering" if keeper.silent_since is not None else "ok"
 
     def home(self, name: str) -> Path:
         return self.root / name
@@ -127,13 +157,19 @@ class Keepers:
         except KeeperError as exc:
             if exc.code == "dropped":
                 raise SpawnDropped(exc.message) from None
+            if exc.code == "cgroup":  # never run outside its cgroup: said to the operator
+                self.cgroup_trouble[name] = exc.message
+                raise SpawnError(exc.message, kind="cgroup") from None
             message = exc.message if exc.code == "spawn" else str(exc)
             raise SpawnError(message, transient=_passing(exc)) from None
         except (KeeperGone, OSError) as exc:
             if after is not None:  # a held-back spawn goes with its connection
                 raise SpawnDropped(f"keeper {name} went away: {exc}", gone=True) from None
             raise SpawnError(f"keeper {name} unavailable: {exc}", transient=True) from None
-        return KeptProcess(keeper, record_from(answer["job"]))
+        record = record_from(answer["job"])
+        if record.cgroup or record.memcg:
+            self.cgroup_trouble.pop(name, None)
+        return KeptProcess(keeper, record)
 
     async def forget(self, name: str, key: Key) -> None:
         """Let the keeper drop a record whose end is committed here, if it holds one: an
@@ -148,7 +184,9 @@ class Keepers:
         """Whether the named keeper, attached now, announced `feature` (a keeper started
         by an older gpusvd may not have it)."""
         keeper = self.keepers.get(name)
-        return keeper is not None and not keeper.gone and feature in keeper.features
+        if keeper is None or keeper.gone or keeper.silent_since is not None:
+            return False  # one that does not answer is given nothing to start ahead
+        return feature in keeper.features
 
     def adopt(self, keeper: Keeper, record: Record) -> KeptProcess:
         """A record from `ensure` (a job started by an earlier gpusvd) as a process."""

@@ -29,7 +29,7 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running import oom_scores as oom
 from supervisor.daemon.running.ahead import Ahead, answers, behind
-from supervisor.daemon.running.handles import KeptProcess, kill_through
+from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill_through
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
 from supervisor.daemon.running.procs import Evidence, Proc, may_have_leftovers, peak_mb
@@ -164,7 +164,18 @@ class Runner:
                     ahead.answered.set()
                     self._ahead.pop(job_id, None)
         except SpawnError as exc:
-            facts = Facts(None, spawn_error=str(exc), spawn_transient=exc.transient)
+            if exc.kind is not None:  # the operator's to fix, not the job's
+                log.error(
+                    "job not started",
+                    job_id=job_id,
+                    attempt=n,
+                    keeper=name,
+                    kind=exc.kind,
+                    why=str(exc),
+                )
+            facts = Facts(
+                None, spawn_error=str(exc), spawn_transient=exc.transient, spawn_kind=exc.kind
+            )
             await self.engine.do(Ended(job_id, n, facts))
             await self.keepers.forget(name, (job_id, n))
             return
@@ -225,6 +236,8 @@ class Runner:
         await self.engine.do(Stop(p.job_id, FailureReason.INTERRUPTED, evidence))
 
     async def _forget(self, p: Proc) -> None:
+        if p.handle.key in p.handle.keeper.settled:  # acknowledged once its keeper answers
+            return
         with contextlib.suppress(KeeperError, KeeperGone, OSError):
             if p.handle.keeper.gone:  # a new keeper took the journal over: ack there
                 p.handle.keeper, _ = await self.keepers.ensure(p.handle.keeper.name)
@@ -300,8 +313,10 @@ class Runner:
             grace = max(0.0, grace - (time.time() - order.since))
         backend = self.monitor.backend
 
+        settled: list[bool] = []
+
         def abort() -> None:
-            handle.kill_tree(grace)
+            settled.append(handle.kill_tree(grace))
             if card is not None:
                 backend.query(card)
 
@@ -311,6 +326,8 @@ class Runner:
         try:
             with contextlib.suppress(Exception):  # a failed re-probe is the monitor's to see
                 await self.abort(abort, f"job-{p.job_id}")
+            if settled and settled[0] and handle.ended is None:  # its keeper is silent: ours
+                handle.keeper.settle(ended_by_gpusvd(handle.record, time.time()))
         finally:
             if card is not None:
                 self.monitor.recovering.discard(card)
