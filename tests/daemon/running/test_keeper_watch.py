@@ -96,3 +96,21 @@ async def test_an_end_recorded_by_gpusvd_is_only_acknowledged_when_the_keeper_se
     keeper.wire.data_received(json.dumps({"event": "exit", "job": real}).encode() + b"\n")
     assert _ops(t) == ["ack"] and json.loads(t.sent[0])["job"] == 7
     assert keeper.settled == set() and (7, 1) not in keeper._ended
+
+
+def test_keepers_say_who_does_not_answer_and_whose_jobs_lack_a_cgroup(tmp_path: Path) -> None:
+    ks = keepers.Keepers(tmp_path)
+    assert ks.state("gpu0") is None and ks.problems(0.0) == []
+    gpu0, _ = _keeper("gpu0")
+    ks.keepers["gpu0"] = gpu0
+    assert ks.state("gpu0") == "ok"
+    gpu0.asked, gpu0.silent_since = 10.0, 15.0
+    assert ks.state("gpu0") == "not answering" and not ks.can("gpu0", "after")
+    ks.cgroup_trouble["gpu0"] = "cannot make cgroup /x/job-1-1: Resource temporarily unavailable"
+    assert ks.problems(16.0) == [
+        "keeper gpu0 (pid 4242) not answering for 6s: its card takes no new jobs",
+        "keeper gpu0: jobs not started: cannot make cgroup /x/job-1-1: Resource temporarily "
+        "unavailable",
+    ]
+    gpu0.gone = True
+    assert ks.state("gpu0") is None
