@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,14 +15,37 @@ import pytest
 
 from supervisor.daemon.cgroups import keeper_roots
 from supervisor.daemon.running.keepers import cgroup_tag
+from supervisor.keeper.client import pid_of
 
 from .conftest import Daemon
 from .keeper_fixture import alive
-from .test_readoption import keeper_pid
 
 pytestmark = [pytest.mark.integration]
 
 FAST = "[jobs]\nkeeper_silent_s = 1\nkill_grace_s = 0.5\n"
+
+
+def keeper_pid(home: Path) -> int:
+    """The keeper that serves `home` now (it answers its ping)."""
+    pid: int | None = None
+
+    def answered() -> bool:
+        nonlocal pid
+        pid = pid_of(home)
+        return pid is not None
+
+    assert wait_until(answered), f"no keeper answers at {home}"
+    assert pid is not None
+    return pid
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def health(d: Daemon) -> dict[str, Any]:
@@ -93,6 +117,35 @@ def test_a_stopped_keeper_is_said_its_job_killed_through_its_cgroup_and_all_back
     assert keeper_field(d, 0) == "ok" and keeper_pid(d.state / "keepers" / "gpu0") == keeper
     assert d.wait_done(waiting)["state"] == "succeeded"
     assert "keeper answers again" in d.log_text()
+
+
+def test_a_keeper_stopped_across_a_restart_keeps_no_card_from_serving_and_is_taken_back(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    d = make_daemon(gpus="2x8G", config=FAST)
+    job = d.submit("sleep", "300")
+    pid = d.wait_pid(job)
+    (card,) = d.show(job)["gpus"]
+    keeper = keeper_pid(d.state / "keepers" / f"gpu{card}")
+    os.kill(keeper, signal.SIGSTOP)
+    try:
+        d.kill9()
+        d.start()  # does not wait for the stopped keeper past its attach deadline
+        problem = f"keeper gpu{card} did not answer gpusvd's attach: its card takes no new jobs"
+        assert problem in health(d)["problems"]
+        assert keeper_field(d, card) == "not answering"
+        again = d.wait_pid(job)  # its attempt closed, nothing of it left: run on the other card
+        assert not alive(pid) and again != pid
+        shown = d.show(job)
+        assert shown["gpus"] == [1 - card]
+        assert shown["attempts"][0]["reason"] == "interrupted"
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+    d.wait_for(lambda: health(d)["ok"], what="the keeper taken back")
+    assert keeper_field(d, card) == "ok"
+    assert "keeper answers again: attached" in d.log_text()
+    d.cli("cancel", str(job))
+    assert d.wait_done(job)["state"] == "cancelled"
 
 
 @contextmanager

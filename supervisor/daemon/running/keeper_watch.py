@@ -14,7 +14,7 @@ it all. A keeper whose process is gone is not watched here: its jobs end `interr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -47,8 +47,12 @@ class KeeperWatch:
         silent_after_s: float = SILENT_AFTER_S,
         ping_s: float = PING_S,
         on_change: Callable[[], None] = lambda: None,
+        unreached: Callable[[], dict[str, str]] = dict,
+        reach: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.keepers = keepers
+        self.unreached = unreached  # keepers not attached at start: tried with `reach`
+        self.reach = reach
         self.silent_after_s = silent_after_s
         self.ping_s = min(ping_s, silent_after_s / 2)
         self.on_change = on_change
@@ -61,12 +65,15 @@ class KeeperWatch:
             if k.silent_since is not None and not k.gone
         }
 
+    def blocked(self) -> set[str]:
+        return set(self.not_answering()) | set(self.unreached())
+
     def blocked_cards(self) -> set[int]:
         """Cards that take no new job: their keeper does not answer."""
-        return {c for c in map(card_of, self.not_answering()) if c is not None}
+        return {c for c in map(card_of, self.blocked()) if c is not None}
 
     def cpu_blocked(self) -> bool:
-        return "cpu" in self.not_answering()
+        return "cpu" in self.blocked()
 
     def problems(self, now: float) -> list[str]:
         """For `gpusv health`: one line a keeper not answering."""
@@ -77,6 +84,9 @@ class KeeperWatch:
             out.append(
                 f"keeper {name} (pid {k.pid}) not answering for {since:.0f}s: {what} no new jobs"
             )
+        for name in sorted(self.unreached()):
+            what = "its card takes" if card_of(name) is not None else "the CPU slots take"
+            out.append(f"keeper {name} did not answer gpusvd's attach: {what} no new jobs")
         return out
 
     def check(self, now: float) -> None:
@@ -118,6 +128,11 @@ class KeeperWatch:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         task_status.started()
+        if self.unreached():
+            self.on_change()  # keepers not attached at start: their cards wait
         while True:
             self.check(time.monotonic())
+            for name in list(self.unreached()):
+                if self.reach is not None:
+                    await self.reach(name)
             await anyio.sleep(self.ping_s)

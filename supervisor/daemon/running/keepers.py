@@ -29,7 +29,7 @@ from supervisor.daemon.running.keeper_calls import SpawnDropped as SpawnDropped
 from supervisor.daemon.running.keeper_watch import SILENT_AFTER_S, KeeperWatch
 from supervisor.daemon.running.keeper_wire import Wire
 from supervisor.daemon.running.launch import SpawnError
-from supervisor.keeper.client import KeeperError, launch
+from supervisor.keeper.client import Connection, KeeperError, launch
 from supervisor.keeper.journal import Key, Record, record_from
 from supervisor.keeper.spawn import Spec
 
@@ -68,9 +68,18 @@ class Keepers:
         self.keepers: dict[str, Keeper] = {}
         # keeper -> why its last start was refused for want of a cgroup (until one works)
         self.cgroup_trouble: dict[str, str] = {}
+        # keeper -> why it could not be attached at start (keeper_watch tries it again)
+        self.unreached: dict[str, str] = {}
+        # An attach answers at the keeper's next journal sync: twice the silence limit
+        # is a keeper that does not answer (and at start, one whose jobs are let go).
+        self.attach_deadline_s = 2 * silent_after_s
         self._lock = anyio.Lock(fast_acquire=True)
         self.watch = KeeperWatch(
-            lambda: self.keepers, silent_after_s=silent_after_s, on_change=on_change
+            lambda: self.keepers,
+            silent_after_s=silent_after_s,
+            on_change=on_change,
+            unreached=lambda: self.unreached,
+            reach=self.reach_again,
         )
 
     async def __aenter__(self) -> Keepers:
@@ -93,6 +102,8 @@ class Keepers:
     def state(self, name: str) -> str | None:
         """A keeper as `gpusv gpus` shows it: "ok", "not answering", or None (none
         started, or it died and none has been started since)."""
+        if name in self.unreached:
+            return "not answering"
         keeper = self.keepers.get(name)
         if keeper is None or keeper.gone:
             return None
@@ -121,7 +132,12 @@ class Keepers:
             v2, v1 = self.roots(name)
             await anyio.to_thread.run_sync(launch, home, v2, v1)
             keeper = await _connect(name, home)
-            answer = await keeper.call("attach")
+            try:
+                answer = await keeper.call("attach", deadline_s=self.attach_deadline_s)
+            except BaseException:  # not kept: its connection neither
+                keeper.closing = True
+                keeper.wire.close()
+                raise
             keeper.pid = int(answer["pid"])
             keeper.pidfd = link.open_pidfd(keeper.pid)
             keeper.features = frozenset(answer.get("features") or ())
@@ -204,10 +220,43 @@ class Keepers:
             journal = home / "journal"
             if not (home / "sock").exists() and not (journal.exists() and journal.stat().st_size):
                 continue  # left empty by a keeper that was let go: nothing to take back
-            keeper, records = await self.ensure(name)
+            try:
+                keeper, records = await self.ensure(name)
+            except (KeeperError, KeeperGone, OSError) as exc:
+                # One keeper that does not answer (stopped, wedged) must not keep gpusvd
+                # from starting: its attempts are closed `interrupted` (recovery kills
+                # what it finds of them), its card waits until it answers (reach_again).
+                self.unreached[name] = str(exc)
+                log.error(
+                    "keeper not answering at start: its jobs are not taken back, its card "
+                    "takes no new jobs until it answers",
+                    keeper=name,
+                    error=str(exc),
+                )
+                continue
             for record in records:
                 found[record.key] = KeptProcess(keeper, record)
         return found
+
+    async def reach_again(self, name: str) -> None:
+        """A keeper that did not answer at start, tried again (keeper_watch): once it
+        answers a ping, attached, and whatever it holds let go, each record's attempt
+        having been closed at start (what still runs of it is killed first)."""
+        home = self.home(name)
+        if not await anyio.to_thread.run_sync(_answers, home):
+            return
+        try:
+            keeper, records = await self.ensure(name)
+            for record in records:
+                if not record.ended:
+                    await keeper.call("kill", job=record.job, attempt=record.attempt, grace_s=0.0)
+                await keeper.tell("ack", job=record.job, attempt=record.attempt)
+        except (KeeperError, KeeperGone, OSError) as exc:
+            self.unreached[name] = str(exc)
+            return
+        self.unreached.pop(name, None)
+        log.warning("keeper answers again: attached", keeper=name, let_go=len(records))
+        self.watch.on_change()
 
     async def shutdown_idle(self) -> bool:
         """Let every keeper that keeps nothing exit (after a drain); whether all did.
@@ -228,6 +277,16 @@ class Keepers:
         """Until every keeper's connection has closed: each one let go has exited."""
         for keeper in list(self.keepers.values()):
             await keeper.closed()
+
+
+def _answers(home: Path) -> bool:
+    """Whether a keeper answers a ping at once (blocking, for a worker thread)."""
+    try:
+        with Connection(home / "sock", timeout_s=0.5) as conn:
+            conn.call("ping")
+    except (OSError, KeeperError, ValueError):
+        return False
+    return True
 
 
 def _passing(exc: KeeperError) -> bool:
