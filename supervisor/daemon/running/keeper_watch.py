@@ -8,7 +8,9 @@ answering": a warning in gpusvd's log with its card, a problem in `gpusv health`
 stop of its jobs no longer waits on it: after the kill grace gpusvd kills the job's
 cgroup itself (handles.py) and records the end. The first message heard again undoes
 it all. A keeper whose process is gone is not watched here: its jobs end `interrupted`
-(runner.py) and the next start starts a new keeper.
+(runner.py) and the next start starts a new keeper. A keeper that did not answer the
+attach at gpusvd's start (Keepers.unreached) blocks its card too, and is tried again
+each round until it answers (Keepers.reach_again).
 """
 
 from __future__ import annotations
