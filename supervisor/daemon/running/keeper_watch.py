@@ -129,9 +129,9 @@ class KeeperWatch:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        task_status.started()
         if self.unreached():
-            self.on_change()  # keepers not attached at start: their cards wait
+            self.on_change()  # keepers not attached at start: their cards wait, from the first pass
+        task_status.started()
         while True:
             self.check(time.monotonic())
             for name in list(self.unreached()):
