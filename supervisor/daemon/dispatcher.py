@@ -52,7 +52,6 @@ class Dispatcher:
         can_follow: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
         can_chain: Callable[[tuple[int, ...]], bool] = lambda _cards: False,
         drop_ahead: Callable[[list[int]], None] = lambda _job_ids: None,
-        cpu_open: Callable[[], bool] = lambda: True,  # False: the CPU keeper does not answer
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -64,7 +63,6 @@ class Dispatcher:
         self.can_follow = can_follow  # whether the keeper of these cards starts jobs ahead
         self.can_chain = can_chain  # ... and behind one that waits itself
         self.drop_ahead = drop_ahead  # asks the keepers to drop these jobs' parked spawns
-        self.cpu_open = cpu_open
         self.wake = anyio.Event()
         self.stale = False  # the table changed since this pass planned (see _may_claim)
         self._claimed: dict[int, admission.RunningJob] = {}  # this round's claims ahead
@@ -166,8 +164,6 @@ class Dispatcher:
         )
 
     def cpu_slots_free(self) -> int:
-        if not self.cpu_open():
-            return 0
         lives = self.table.live
         used = sum(1 for r in lives.values() if not r.cards and not waiting_ahead(r, lives))
         return max(0, self.cfg.cpu_slots - used)

@@ -173,7 +173,6 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         can_follow=lambda cards: keepers.can(keeper_name(cards), "after"),
         can_chain=lambda cards: keepers.can(keeper_name(cards), "after_waiting"),
         drop_ahead=runner.drop_ahead,
-        cpu_open=lambda: not keepers.watch.cpu_blocked(),
     )
     hooks = Hooks(cfg.hooks, book, broker)
     forensics.provide(running_jobs=runner.running_json, recent_kernel_lines=hangs.recent)

@@ -4,7 +4,7 @@ seconds, said, and worked around until it answers again.
 Every `ping_s` each attached keeper is pinged on its own connection; anything it sends
 answers the ping. A ping unanswered for `silent_after_s` makes the keeper "not
 answering": a warning in gpusvd's log with its card, a problem in `gpusv health`, its
-`keeper` field in `gpusv gpus`, its card (or the CPU slots) placing no new job, and a
+`keeper` field in `gpusv gpus`, its card placing no new job, and a
 stop of its jobs no longer waits on it: after the kill grace gpusvd kills the job's
 cgroup itself (handles.py) and records the end. The first message heard again undoes
 it all. A keeper whose process is gone is not watched here: its jobs end `interrupted`
@@ -41,6 +41,13 @@ def card_of(name: str) -> int | None:
     return int(name[3:]) if name.startswith("gpu") and name[3:].isdigit() else None
 
 
+def _what(name: str) -> str:
+    """What a keeper that does not answer costs, for `gpusv health`."""
+    if card_of(name) is not None:
+        return "its card takes no new jobs"
+    return "CPU jobs sent to it wait until it answers"
+
+
 class KeeperWatch:
     def __init__(
         self,
@@ -74,21 +81,14 @@ class KeeperWatch:
         """Cards that take no new job: their keeper does not answer."""
         return {c for c in map(card_of, self.blocked()) if c is not None}
 
-    def cpu_blocked(self) -> bool:
-        return "cpu" in self.blocked()
-
     def problems(self, now: float) -> list[str]:
         """For `gpusv health`: one line a keeper not answering."""
         out = []
         for name, k in sorted(self.not_answering().items()):
             since = now - (k.asked if k.asked is not None else now)
-            what = "its card takes" if card_of(name) is not None else "the CPU slots take"
-            out.append(
-                f"keeper {name} (pid {k.pid}) not answering for {since:.0f}s: {what} no new jobs"
-            )
+            out.append(f"keeper {name} (pid {k.pid}) not answering for {since:.0f}s: {_what(name)}")
         for name in sorted(self.unreached()):
-            what = "its card takes" if card_of(name) is not None else "the CPU slots take"
-            out.append(f"keeper {name} did not answer gpusvd's attach: {what} no new jobs")
+            out.append(f"keeper {name} did not answer gpusvd's attach: {_what(name)}")
         return out
 
     def check(self, now: float) -> None:

@@ -60,7 +60,7 @@ async def test_a_keeper_that_does_not_answer_is_found_said_and_let_go_when_it_an
     assert _ops(t1) == ["ping"] and changes == []  # one question at a time
     check(105.0)
     assert changes == [{1}] and watch.not_answering().keys() == {"gpu1"}
-    assert not watch.cpu_blocked()
+    assert watch.blocked() == {"gpu1"}
     (problem,) = watch.problems(106.0)
     assert problem.startswith("keeper gpu1 (pid 4242) not answering for 6s")
     check(106.0)
@@ -75,10 +75,13 @@ async def test_a_keeper_that_died_is_not_counted_silent() -> None:
     watch = KeeperWatch(lambda: {"cpu": cpu}, silent_after_s=2.0)
     watch.check(0.0)
     watch.check(2.0)
-    assert watch.cpu_blocked()
+    assert watch.blocked() == {"cpu"}
+    assert watch.problems(2.0) == [
+        "keeper cpu (pid 4242) not answering for 2s: CPU jobs sent to it wait until it answers"
+    ]
     cpu.gone = True
     watch.check(3.0)
-    assert not watch.cpu_blocked() and cpu.silent_since is None
+    assert watch.blocked() == set() and cpu.silent_since is None
 
 
 async def test_an_end_recorded_by_gpusvd_is_only_acknowledged_when_the_keeper_sends_its_own() -> (
