@@ -123,32 +123,6 @@ def test_the_events_say_what_happened() -> None:
     assert [e.kind for e in out.events] == ["exited", "interrupted"]
 
 
-def test_a_keeper_death_is_named_and_costs_an_attempt() -> None:
-    died = FACTS["its keeper died"]
-    out = end_of_attempt(job(0, 0), ATTEMPT, died, AT, NOW)
-    assert [e.message for e in out.events] == [
-        "interrupted: keeper gpu0 died (pid 4242)",
-        "retry in 1s (ordinary budget)",
-    ]
-    assert out.attempt.evidence == {
-        "message": "keeper gpu0 died (pid 4242)",
-        "keeper": "gpu0",
-        "keeper_pid": 4242,
-    }
-    spent = end_of_attempt(job(3, 0), ATTEMPT, died, AT, NOW)
-    assert (spent.job.state, spent.job.reason) == (JobState.FAILED, R.INTERRUPTED)
-    assert [e.message for e in spent.events] == ["interrupted: keeper gpu0 died (pid 4242)"]
-    assert "daemon stop" not in " ".join(e.message for e in (*out.events, *spent.events))
-
-
-def test_a_spawn_error_keeps_its_kind() -> None:
-    facts = Facts(None, spawn_error="cannot make cgroup /x: No such file", spawn_kind="cgroup")
-    assert failure(facts) == (
-        R.SPAWN_FAILED,
-        {"message": "cannot make cgroup /x: No such file", "kind": "cgroup"},
-    )
-
-
 # ---- a reset line that arrives after the exit ------------------------------------------
 
 ENDED = Attempt(1, 1, (0,), AT, "k", ended_at=AT, exit_code=1, reason="exit_nonzero")
