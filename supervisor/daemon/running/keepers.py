@@ -243,8 +243,8 @@ class Keepers:
         answers a ping, attached, and whatever it holds let go, each record's attempt
         having been closed at start (what still runs of it is killed first)."""
         home = self.home(name)
-        if not await anyio.to_thread.run_sync(_answers, home):
-            return
+        if await anyio.to_thread.run_sync(_answers, home) is False:
+            return  # it lives and still does not answer (None: none serves; one is started)
         try:
             keeper, records = await self.ensure(name)
             for record in records:
@@ -279,11 +279,14 @@ class Keepers:
             await keeper.closed()
 
 
-def _answers(home: Path) -> bool:
-    """Whether a keeper answers a ping at once (blocking, for a worker thread)."""
+def _answers(home: Path) -> bool | None:
+    """Whether the keeper of `home` answers a ping at once; None where none listens
+    (blocking, for a worker thread)."""
     try:
         with Connection(home / "sock", timeout_s=0.5) as conn:
             conn.call("ping")
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
     except (OSError, KeeperError, ValueError):
         return False
     return True
