@@ -4,9 +4,9 @@ seconds, said, and worked around until it answers again.
 Every `ping_s` each attached keeper is pinged on its own connection; anything it sends
 answers the ping. A ping unanswered for `silent_after_s` makes the keeper "not
 answering": a warning in gpusvd's log with its card, a problem in `gpusv health`, its
-`keeper` field in `gpusv gpus`, its card placing no new job, and a
-stop of its jobs no longer waits on it: after the kill grace gpusvd kills the job's
-cgroup itself (handles.py) and records the end. The first message heard again undoes
+`keeper` field in `gpusv gpus`, its card placing no new job, and a stop of its jobs no
+longer waits on it: after the kill grace gpusvd kills the job's cgroup itself
+(handles.py) and records the end. The first message heard again undoes
 it all. A keeper whose process is gone is not watched here: its jobs end `interrupted`
 (runner.py) and the next start starts a new keeper. A keeper that did not answer the
 attach at gpusvd's start (Keepers.unreached) blocks its card too, and is tried again
