@@ -11,7 +11,10 @@ def util_text(pct: float | None) -> str:
 
 
 def health_text(card: dict[str, Any]) -> str:
-    return "mig" if card.get("mig") and card["health"] == "ok" else str(card["health"])
+    text = "mig" if card.get("mig") and card["health"] == "ok" else str(card["health"])
+    if card.get("keeper") == "not answering":  # the card takes no new job meanwhile
+        text += " (keeper not answering)"
+    return text
 
 
 def allocation_notes(cards: list[dict[str, Any]]) -> list[str]:

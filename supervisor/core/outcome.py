@@ -26,6 +26,7 @@ class Facts:
     oom: str | None = None  # where OOM-kill evidence came from
     spawn_error: str | None = None
     spawn_transient: bool = False  # the spawn error may pass: retried (spawn_retry)
+    spawn_kind: str | None = None  # what kind of start failure, where known: "cgroup"
     peak_rss_mb: int | None = None
     peak_vram_mb: int | None = None  # the most VRAM its processes held, where the backend tells
     machine: dict[str, Any] | None = None  # readings for a hang record, taken when seen
@@ -49,9 +50,12 @@ def failure(f: Facts) -> tuple[FailureReason | None, dict[str, Any] | None]:
         return FailureReason.CANCELLED, None
     if f.status is None:
         if f.spawn_error is not None:
+            said: dict[str, Any] = {"message": f.spawn_error}
+            if f.spawn_kind is not None:
+                said["kind"] = f.spawn_kind
             if f.spawn_transient:
-                return FailureReason.SPAWN_RETRY, {"message": f.spawn_error}
-            return FailureReason.SPAWN_FAILED, {"message": f.spawn_error}
+                return FailureReason.SPAWN_RETRY, said
+            return FailureReason.SPAWN_FAILED, said
         return f.killed_for or FailureReason.INTERRUPTED, f.kill_evidence
     if f.killed_for is not None:
         return f.killed_for, f.kill_evidence
@@ -65,9 +69,23 @@ def failure(f: Facts) -> tuple[FailureReason | None, dict[str, Any] | None]:
     return reason, None
 
 
+def keeper_lost(evidence: dict[str, Any] | None) -> bool:
+    """Whether an interruption's evidence says the job's keeper died under it (it then
+    costs the job an attempt of its ordinary budget: retry.budget_for)."""
+    return bool(evidence and evidence.get("keeper"))
+
+
+def keeper_death(name: str, pid: int) -> dict[str, Any]:
+    """The evidence of an attempt whose keeper died while it ran: the keeper named."""
+    message = f"keeper {name} died" + (f" (pid {pid})" if pid > 0 else "")
+    return {"message": message, "keeper": name, "keeper_pid": pid}
+
+
 def _message(reason: FailureReason, f: Facts) -> str:
     if f.spawn_error:
         return f.spawn_error
+    if reason is FailureReason.INTERRUPTED and keeper_lost(f.kill_evidence):
+        return str((f.kill_evidence or {})["message"])
     limit = (f.kill_evidence or {}).get("limit_s") if reason is FailureReason.TIMEOUT else None
     if limit:
         return f"past its wall-time limit of {limit:g}s"
@@ -115,6 +133,7 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
         ordinary_budget=job.spec.retries,
         gpu_hang_used=job.gpu_hang_used,
         gpu_hang_budget=job.spec.gpu_hang_retries,
+        charged=reason is FailureReason.INTERRUPTED and keeper_lost(evidence),
     )
     if isinstance(action, retry.Fail):
         if reason is FailureReason.SPAWN_RETRY:  # tried as often as it may: for good now

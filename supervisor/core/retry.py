@@ -32,10 +32,13 @@ class Fail:
     why: str
 
 
-def budget_for(reason: FailureReason) -> Budget | None:
+def budget_for(reason: FailureReason, *, charged: bool = False) -> Budget | None:
+    """The budget a failure spends. An interruption spends none (a daemon stop, a drain:
+    nothing about the job), unless `charged`: its keeper died under it, which killed the
+    job, and a job that keeps taking its keeper down must not run on without limit."""
     if reason is FailureReason.GPU_HANG:
         return "gpu_hang"
-    if reason is FailureReason.INTERRUPTED:
+    if reason is FailureReason.INTERRUPTED and not charged:
         return None
     return "ordinary"
 
@@ -47,11 +50,13 @@ def next_action(
     ordinary_budget: int,
     gpu_hang_used: int,
     gpu_hang_budget: int,
+    charged: bool = False,
 ) -> Retry | Fail:
-    """Decide what follows a failed attempt. `*_used` count retries already spent."""
+    """Decide what follows a failed attempt. `*_used` count retries already spent;
+    `charged`: an interruption that spends the ordinary budget (budget_for)."""
     if reason in NEVER_RETRIED:
         return Fail(f"{reason.value} is not retried")
-    charge = budget_for(reason)
+    charge = budget_for(reason, charged=charged)
     if charge is None:
         return Retry(0.0, None)
     if charge == "gpu_hang":

@@ -206,6 +206,9 @@ class DeadmanConfig:
 @dataclass(frozen=True)
 class JobsConfig:
     kill_grace_s: float = field(default=10.0, metadata={"parse": _number(0.0)})
+    # A keeper that leaves a ping unanswered this long is "not answering": its card
+    # takes no new job and its jobs' stops go to their cgroups (docs/keepers.md).
+    keeper_silent_s: float = field(default=5.0, metadata={"parse": _TIMEOUT})
     # Behind a job whose kind last succeeded in under this many seconds, the next job of
     # its card or CPU slot is claimed while it runs, and its keeper starts that one the
     # moment it exits (docs/architecture.md, "Starting ahead"). 0: never.

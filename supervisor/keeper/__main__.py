@@ -51,19 +51,6 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
-def _offer_memory(root: Path) -> None:
-    """v2: where the parent offers the memory controller, hand it down to the job
-    cgroups (memory.peak, memory.events, memory.max, memory.oom.group)."""
-    for path in (root.parent, root):
-        try:
-            offered = (path / "cgroup.controllers").read_text().split()
-            if "memory" in offered:
-                (path / "cgroup.subtree_control").write_text("+memory")
-        except OSError as exc:
-            log_line(f"cannot give job cgroups the memory controller at {path}: {exc}")
-            return
-
-
 USAGE = "usage: python -m supervisor.keeper DIR [--cgroup2 PATH] [--memcg PATH] [--detach]"
 
 
@@ -118,13 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         return EXIT_HELD
     for root in (args.cgroup2, args.memcg):
-        if root is not None:
-            try:
-                root.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                log_line(f"cannot make cgroup root {root}: {exc.strerror}")
+        if root is not None:  # where it cannot be made, each job is refused (cgroup.make)
+            cgroup.ensure_root(str(root), log_line)
     if args.cgroup2 is not None:
-        _offer_memory(args.cgroup2)
+        cgroup.offer_memory(str(args.cgroup2), log_line)
     roots = Roots(*(None if root is None else str(root) for root in (args.cgroup2, args.memcg)))
     if not become_subreaper():
         log_line("cannot become a child subreaper: orphans of jobs go to init")

@@ -6,9 +6,10 @@ and `memory.oom.group`; and a v1 memory cgroup where v1 holds the memory control
 for `memory.max_usage_in_bytes` and `memory.oom_control`. The path is a function of the
 attempt alone (`job-<id>-<attempt>` under each root), so whoever knows the attempt can
 find its processes: they cannot leave a cgroup by clearing their environment or by
-calling setsid. Where neither kind can be made, the keeper falls back to the process
-tree (the session, and the children that /proc lists for each process), and says so
-once in its log.
+calling setsid. A keeper given no root (a host where gpusvd has no cgroup to delegate)
+falls back to the process tree (the session, and the children that /proc lists for
+each process), and says so once in its log; a keeper given a root never does: a job
+whose group cannot be made under it is refused (Unavailable), not run outside it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import pidfds
+from .answers import Refused
 
 # Plain str paths: pathlib's objects cost more than the syscalls they name on the spawn
 # path. Functions called from outside (empty_out) still take a Path.
@@ -59,26 +61,77 @@ class Busy(Exception):
     the command could run): they are being killed; the start may be tried again."""
 
 
+class Unavailable(Refused):
+    """A job's cgroup cannot be made under a root the keeper was given: the job is not
+    started (it would run outside any cgroup of ours, where nothing could find it). Its
+    spawn is refused with the code `cgroup`, the reason said in the keeper's log too."""
+
+    def __init__(self, message: str, warn: Callable[[str], None]) -> None:
+        super().__init__("cgroup", message)
+        warn(f"job refused: {message}")
+
+
 def make(roots: Roots, job: int, attempt: int, warn: Callable[[str], None]) -> Groups:
     """The job's cgroups, empty, not yet configured. A directory that exists already is
     left from a start whose keeper died before the command could run: what is in it is
-    killed, and while anything is left the start is refused (Busy), not waited for."""
-    v2 = None if roots.v2 is None else _make(f"{roots.v2}/{name(job, attempt)}", warn)
-    memcg = None if roots.memcg is None else _make(f"{roots.memcg}/{name(job, attempt)}", warn)
+    killed, and while anything is left the start is refused (Busy), not waited for. A
+    root that has vanished (a restart under systemd may remove the service's cgroup
+    tree) is made again first; where a group still cannot be made, Unavailable."""
+    v2 = None if roots.v2 is None else _make(roots.v2, name(job, attempt), warn)
+    memcg = None if roots.memcg is None else _make(roots.memcg, name(job, attempt), warn)
     return Groups(v2, memcg)
 
 
-def _make(path: str, warn: Callable[[str], None]) -> str | None:
+def _make(root: str, leaf: str, warn: Callable[[str], None]) -> str:
+    path = f"{root}/{leaf}"
     try:
         os.mkdir(path)
     except FileExistsError:
         if pids(Groups(v2=path)):
             kill_all(Groups(v2=path))
             raise Busy(f"cannot start the job yet: cgroup {path} still holds processes") from None
+    except FileNotFoundError:
+        made = ensure_root(root, warn)
+        try:
+            os.mkdir(path)
+        except OSError as exc:
+            why = made or exc.strerror
+            raise Unavailable(f"cannot make cgroup {path}: {why}", warn) from None
     except OSError as exc:
-        warn(f"cannot make cgroup {path}: {exc.strerror}; jobs run without it")
-        return None
+        raise Unavailable(f"cannot make cgroup {path}: {exc.strerror}", warn) from None
     return path
+
+
+def ensure_root(root: str, warn: Callable[[str], None]) -> str | None:
+    """Make a keeper's cgroup root (again), with the memory controller offered to its
+    children where its parent has it; None once it exists, else why it could not be
+    made. Said in the keeper's log either way: a root made again means something
+    removed it under us."""
+    existed = os.path.isdir(root)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        warn(f"cannot make cgroup root {root}: {exc.strerror}")
+        return str(exc.strerror)
+    if not existed:
+        _v2_memory.pop(root, None)  # a new root: learnt again from its first job
+        offer_memory(root, warn)
+        warn(f"cgroup root {root} was missing: made again")
+    return None
+
+
+def offer_memory(root: str, warn: Callable[[str], None]) -> None:
+    """v2: where the parent offers the memory controller, hand it down to the job
+    cgroups (memory.peak, memory.events, memory.max, memory.oom.group). A v1 root has no
+    cgroup.controllers: nothing to do."""
+    for path in (root.rpartition("/")[0], root):
+        try:
+            offered = _read(f"{path}/cgroup.controllers").split()
+            if "memory" in offered:
+                _write(f"{path}/cgroup.subtree_control", "+memory")
+        except OSError as exc:
+            warn(f"cannot give job cgroups the memory controller at {path}: {exc}")
+            return
 
 
 def _has_memory(made: str) -> bool:

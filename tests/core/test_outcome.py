@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobSpec, JobState
-from supervisor.core.outcome import Facts, end_of_attempt, failure, reclassified
+from supervisor.core.outcome import Facts, end_of_attempt, failure, keeper_death, reclassified
 from supervisor.core.records import Attempt
 
 AT, NOW = "2026-01-01T00:00:00.000Z", 1000.0
@@ -43,6 +43,9 @@ FACTS: dict[str, Facts] = {
     "cancelled before it started": Facts(None, killed_for=R.CANCELLED),
     "drained while running": Facts(TERMED, killed_for=R.INTERRUPTED),
     "drained before it started": Facts(None, killed_for=R.INTERRUPTED),
+    "its keeper died": Facts(
+        KILLED, killed_for=R.INTERRUPTED, kill_evidence=keeper_death("gpu0", 4242)
+    ),
     "spawn failed": Facts(None, spawn_error="executable not found: x"),
     "cancelled, and the spawn failed": Facts(None, killed_for=R.CANCELLED, spawn_error="e"),
 }
@@ -76,6 +79,7 @@ EXPECTED: dict[str, tuple[FailureReason | None, dict[str, tuple[Any, ...]]]] = {
     "cancelled before it started": (R.CANCELLED, CANCEL),
     "drained while running": (R.INTERRUPTED, REQUEUE),
     "drained before it started": (R.INTERRUPTED, REQUEUE),
+    "its keeper died": (R.INTERRUPTED, ORDINARY),
     "spawn failed": (R.SPAWN_FAILED, NEVER),
     "cancelled, and the spawn failed": (R.CANCELLED, CANCEL),
 }

@@ -3,6 +3,8 @@ spent, and the backoff. Each expected value is written out."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from supervisor.core.jobs import FailureReason
@@ -73,3 +75,15 @@ def test_next_action(
     reason: FailureReason, ordinary: tuple[int, int], hang: tuple[int, int], expected: object
 ) -> None:
     assert act(reason, ordinary, hang) == expected
+
+
+def test_an_interruption_by_a_keeper_death_is_charged() -> None:
+    assert budget_for(R.INTERRUPTED, charged=True) == "ordinary"
+    budgets: dict[str, Any] = {"ordinary_budget": 0, "gpu_hang_used": 0, "gpu_hang_budget": 0}
+    assert next_action(R.INTERRUPTED, ordinary_used=0, **budgets) == Retry(0.0, None)
+    spent = next_action(R.INTERRUPTED, ordinary_used=0, charged=True, **budgets)
+    assert isinstance(spent, Fail)
+    budgets["ordinary_budget"] = 1
+    assert next_action(R.INTERRUPTED, ordinary_used=0, charged=True, **budgets) == Retry(
+        1.0, "ordinary"
+    )

@@ -3,6 +3,8 @@ that can never succeed is `spawn_failed` at once, and so is the last passing fai
 
 from __future__ import annotations
 
+from typing import Any
+
 from supervisor.core import retry
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.outcome import Facts, end_of_attempt, failure
@@ -41,6 +43,6 @@ def test_a_start_that_can_never_succeed_is_spawn_failed_and_never_retried() -> N
     out = end_of_attempt(job(0), ATTEMPT, FOR_GOOD, AT, NOW)
     assert (out.job.state, out.job.reason) == (JobState.FAILED, FailureReason.SPAWN_FAILED)
     assert out.job.ordinary_used == 0
-    budgets = {"ordinary_budget": 3, "gpu_hang_used": 0, "gpu_hang_budget": 20}
+    budgets: dict[str, Any] = {"ordinary_budget": 3, "gpu_hang_used": 0, "gpu_hang_budget": 20}
     never = retry.next_action(FailureReason.SPAWN_FAILED, ordinary_used=0, **budgets)
     assert isinstance(never, retry.Fail)

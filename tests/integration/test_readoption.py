@@ -77,7 +77,7 @@ def test_an_exit_while_no_daemon_runs_is_recorded_with_its_status(
     assert [a["reason"] for a in done["attempts"]] == ["exit_nonzero"]
 
 
-def test_a_keeper_that_dies_costs_its_jobs_an_uncharged_attempt(
+def test_a_keeper_that_dies_costs_its_jobs_one_attempt_of_their_budget(
     make_any_daemon: Callable[..., Daemon],
 ) -> None:
     d = make_any_daemon(gpus="2x8G")
@@ -89,6 +89,7 @@ def test_a_keeper_that_dies_costs_its_jobs_an_uncharged_attempt(
     d.wait_for(lambda: not alive(pid), what="the job killed: its keeper is gone")
     again = d.wait_for(lambda: len((j := d.show(job))["attempts"]) == 2 and j, what="a retry")
     assert again["attempts"][0]["reason"] == "interrupted"
-    assert again["retries"]["ordinary"]["used"] == 0
+    assert again["attempts"][0]["evidence"]["keeper"] == f"gpu{card}"
+    assert again["retries"]["ordinary"]["used"] == 1
     d.cli("cancel", str(job))
     assert d.wait_done(job)["state"] == "cancelled"

@@ -39,3 +39,23 @@ def test_a_busy_job_cgroup_is_killed_and_the_start_refused_without_waiting() -> 
         stray.kill()
         stray.wait()
         cgroup.remove_tree(root)
+
+
+def test_a_vanished_root_is_made_again_and_a_group_that_cannot_be_made_refuses_the_job() -> None:
+    root = UNIFIED / f"gpusv-test-{uuid.uuid4().hex[:10]}" / "keeper-gpu0"  # neither exists
+    said: list[str] = []
+    try:
+        made = cgroup.make(cgroup.Roots(str(root)), 7, 1, said.append)
+        assert made.v2 == str(root / cgroup.name(7, 1)) and (root / "cgroup.procs").exists()
+        assert any("was missing: made again" in line for line in said)
+        (root / cgroup.name(7, 1)).rmdir()
+        (root / "cgroup.max.descendants").write_text("0")
+        with pytest.raises(cgroup.Unavailable) as refused:
+            cgroup.make(cgroup.Roots(str(root)), 7, 2, said.append)
+        assert refused.value.code == "cgroup"
+        assert str(refused.value).startswith(f"cannot make cgroup {root}/job-7-2: ")
+        assert said[-1] == f"job refused: {refused.value}"
+    finally:
+        for path in (root / cgroup.name(7, 1), root, root.parent):
+            if path.exists():
+                path.rmdir()

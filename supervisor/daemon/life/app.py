@@ -138,7 +138,17 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         beat=lambda: board.beat("kernel-log", time.monotonic()),
         more_sources=lambda: nvml_xid_sources(monitor.backend),
     )
-    keepers = Keepers(state, *cgroups.keeper_roots(cgroup_tag(state)))
+
+    def keepers_changed() -> None:  # a keeper stopped answering, or answers again
+        monitor.unanswered = keepers.watch.blocked_cards()
+        broker.publish(CardsChanged())
+
+    keepers = Keepers(
+        state,
+        *cgroups.keeper_roots(cgroup_tag(state)),
+        silent_after_s=cfg.jobs.keeper_silent_s,
+        on_change=keepers_changed,
+    )
     runner = Runner(
         cfg,
         engine,
@@ -257,6 +267,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             await tg.start(parts.deadman.run)
             await tg.start(parts.hooks.run)
             await tg.start(parts.runner.run)
+            await tg.start(parts.keepers.watch.run)
             await tg.start(parts.dispatcher.run)
             await tg.start(parts.monitor.run)
             tg.start_soon(handover_signals, parts.monitor)

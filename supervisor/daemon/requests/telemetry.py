@@ -117,6 +117,9 @@ class Telemetry:
                 "utilization_pct": c.utilization_pct,
                 "driver_version": c.driver_version,
                 "health": c.health,
+                # its keeper: "ok", "not answering" (no new job starts on the card), or
+                # null while none is started
+                "keeper": self.runner.keepers.state(f"gpu{c.index}"),
                 "mig": c.mig,
                 "allocation": self.monitor.allocation,
                 "running_jobs": sorted(running.get(c.index, [])),
@@ -169,6 +172,7 @@ class Telemetry:
             problems.append(f"{self.store.problem}; no job starts until it can")
         if self.dispatcher.draining:
             problems.append("gpusvd is draining (stopping)")
+        problems += self.runner.keepers.problems(time.monotonic())
         stale = self.board.stale(time.monotonic())
         if stale:
             problems.append(f"services not checking in: {', '.join(stale)}")

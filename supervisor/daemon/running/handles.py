@@ -5,8 +5,12 @@ children, never gpusvd's."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import select
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +21,7 @@ import structlog
 from supervisor.core.jobs import ExitStatus
 from supervisor.daemon.running.keeper_link import CALL_DEADLINE_S
 from supervisor.keeper import pidfds
-from supervisor.keeper.cgroup import Groups, orphan_pids, signal_groups
+from supervisor.keeper.cgroup import Groups, kill_all, orphan_pids, signal_groups
 from supervisor.keeper.client import Connection, KeeperError
 from supervisor.keeper.journal import Key, Record
 
@@ -112,11 +116,41 @@ class KeptProcess:
         else:
             pidfds.signal_started(self.pids_now(), sig)
 
-    def kill_tree(self, grace_s: float) -> None:
+    def kill_tree(self, grace_s: float) -> bool:
         """Blocking, for an abort thread: SIGTERM and SIGCONT, SIGKILL after the grace;
-        returns once every process of the job is gone (the keeper answers then)."""
-        if not kill_through(self.keeper.home, self.key, grace_s):
+        returns once every process of the job is gone (the keeper answers then). True
+        when gpusvd did it itself, its keeper not answering (keeper_watch.py): SIGTERM
+        at once, the job's cgroup killed after the grace; the keeper, stopped, cannot
+        record the end, so the caller does (Keeper.settle)."""
+        began = time.monotonic()
+
+        def silent() -> bool:
+            return self.keeper.silent_since is not None
+
+        if kill_through(self.keeper.home, self.key, grace_s, give_up=silent):
+            return False
+        if not silent():
             self.signal_tree(signal.SIGKILL)
+            return False
+        log.warning(
+            "keeper not answering: stopping its job through its cgroup",
+            keeper=self.keeper.name,
+            job_id=self.key[0],
+            attempt=self.key[1],
+        )
+        left = grace_s - (time.monotonic() - began)
+        if left > 0:
+            self.signal_tree(signal.SIGTERM)
+            self.signal_tree(signal.SIGCONT)
+            _until(lambda: not self.tree(), left)
+        groups = Groups(self.record.cgroup or None, self.record.memcg or None)
+        while self.tree() and time.monotonic() - began < grace_s + CALL_DEADLINE_S:
+            if groups.any:
+                kill_all(groups)  # cgroup.kill where v2 has it: the whole job at once
+            else:
+                self.signal_tree(signal.SIGKILL)
+            time.sleep(0.01)
+        return not self.tree()
 
     async def wait(self) -> ExitStatus | None:
         """The leader's status once its end is on the keeper's disk; None when the keeper
@@ -147,16 +181,46 @@ class KeptProcess:
             await self.keeper.tell("ack", job=self.key[0], attempt=self.key[1])
 
 
-def kill_through(home: Path, key: Key, grace_s: float) -> bool:
+def kill_through(
+    home: Path, key: Key, grace_s: float, give_up: Callable[[], bool] | None = None
+) -> bool:
     """Blocking: the keeper kills the attempt (or drops it, if it holds it back) and
-    answers once nothing of it is left; False if the keeper could not be asked."""
+    answers once nothing of it is left; False if the keeper could not be asked, or, with
+    `give_up`, once that says to stop waiting for its answer."""
     try:
         with Connection(home / "sock", timeout_s=grace_s + CALL_DEADLINE_S) as conn:
-            conn.call("kill", job=key[0], attempt=key[1], grace_s=grace_s)
+            rid = conn.send("kill", job=key[0], attempt=key[1], grace_s=grace_s)
+            if give_up is not None:
+                deadline = time.monotonic() + grace_s + CALL_DEADLINE_S
+                while not select.select([conn.sock], [], [], 0.05)[0]:
+                    if give_up():
+                        return False
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("no answer to kill")
+            answer = conn.reply(rid)
+            if not answer.get("ok"):
+                raise KeeperError.of(answer)
     except (OSError, ConnectionError, KeeperError) as exc:  # a timeout is an OSError
         log.warning("kill through the keeper failed", job_id=key[0], error=repr(exc))
         return False
     return True
+
+
+def _until(done: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def ended_by_gpusvd(record: Record, at: float) -> Record:
+    """The end gpusvd records for an attempt it killed itself, its keeper not answering:
+    killed by SIGKILL (the true status is the keeper's to learn, once it answers)."""
+    return dataclasses.replace(
+        record, ended_at=at, wait_status=signal.SIGKILL, signal=signal.SIGKILL
+    )
 
 
 def _read_all(path: str) -> bytes:

@@ -83,6 +83,13 @@ class Keeper:
     _back: anyio.Event | None = None  # set once connected again; None while connected
     _spawning: dict[int, Key] = field(default_factory=dict)  # spawns not answered yet
     _task: asyncio.Task[None] | None = None
+    # The watch (keeper_watch.py): when the oldest ping not yet answered was sent (None:
+    # every message so far answered), and since when it counts as not answering.
+    asked: float | None = None
+    silent_since: float | None = None
+    # Attempts whose end gpusvd recorded itself (it killed them while the keeper did not
+    # answer): their exits, when the keeper sends them, are only acknowledged.
+    settled: set[Key] = field(default_factory=set)
 
     async def call(
         self,
@@ -90,6 +97,7 @@ class Keeper:
         *,
         drop: Drop | None = None,
         drop_grace_s: float = 0.0,
+        deadline_s: float | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
         """The request's answer. With `drop`: asked before the answer came, a `kill` of
@@ -98,10 +106,15 @@ class Keeper:
         if self._back is not None:  # connecting again to a keeper that lives
             with anyio.move_on_after(link.RECONNECT_S + link.CALL_DEADLINE_S):
                 await self._back.wait()
-        return await self._call(op, drop, drop_grace_s, fields)
+        return await self._call(op, drop, drop_grace_s, fields, deadline_s)
 
     async def _call(
-        self, op: str, drop: Drop | None, drop_grace_s: float, fields: dict[str, Any]
+        self,
+        op: str,
+        drop: Drop | None,
+        drop_grace_s: float,
+        fields: dict[str, Any],
+        deadline_s: float | None = None,
     ) -> dict[str, Any]:
         if self.gone:
             raise KeeperGone(f"keeper {self.name} is gone")
@@ -118,7 +131,7 @@ class Keeper:
             if op == "spawn":  # answered from the records if the connection is lost
                 self._spawning[rid] = (fields["job"], fields["attempt"])
             try:
-                await self._answer(rid, done, op, fields)
+                await self._answer(rid, done, op, fields, deadline_s)
             finally:
                 self._spawning.pop(rid, None)
         else:
@@ -136,11 +149,19 @@ class Keeper:
             raise KeeperError.of(answer)
         return answer
 
-    async def _answer(self, rid: int, done: anyio.Event, op: str, fields: dict[str, Any]) -> None:
-        """Until the answer came, or the call's deadline passed: then the keeper is
-        stuck (keeper_link.keeper_stuck). A spawn waits on (its job may have started);
-        any other call fails, `timeout`."""
-        limit, began = link.deadline_for(op, fields), time.monotonic()
+    async def _answer(
+        self,
+        rid: int,
+        done: anyio.Event,
+        op: str,
+        fields: dict[str, Any],
+        deadline_s: float | None = None,
+    ) -> None:
+        """Until the answer came, or the call's deadline passed (`deadline_s`, else
+        keeper_link.deadline_for): then the keeper is stuck (keeper_link.keeper_stuck).
+        A spawn waits on (its job may have started); any other call fails, `timeout`."""
+        limit = link.deadline_for(op, fields) if deadline_s is None else deadline_s
+        began = time.monotonic()
         with anyio.move_on_after(limit):
             await done.wait()
         if done.is_set():
@@ -191,6 +212,10 @@ class Keeper:
         return self._ended.pop(key)
 
     def _exited(self, record: Record) -> None:
+        if record.key in self.settled:  # its end is recorded already: only let it go
+            self.settled.discard(record.key)
+            self._tell_now("ack", {"job": record.job, "attempt": record.attempt})
+            return
         self._ended[record.key] = record
         event = self._waiting.pop(record.key, None)
         if event is not None:
@@ -231,7 +256,24 @@ class Keeper:
                 found += 1
         log.info("keeper list read again after a skipped line", keeper=self.name, exits=found)
 
+    def ping(self, now: float) -> None:
+        """Ask the keeper for a sign of life, unless a question is still unanswered: any
+        message heard answers it (`_dispatch`)."""
+        if self.asked is None and not self.gone and self._back is None:
+            self.asked = now
+            self._tell_now("ping", {})
+
+    def settle(self, record: Record) -> None:
+        """An end gpusvd recorded itself (the keeper did not answer; gpusvd killed the
+        job's cgroup): the watcher takes it as the keeper's own."""
+        self.settled.add(record.key)
+        self._ended[record.key] = record
+        event = self._waiting.pop(record.key, None)
+        if event is not None:
+            event.set()
+
     def _dispatch(self, message: dict[str, Any]) -> None:
+        self.asked = None  # it answers
         if message.get("event") == "exit":
             self._exited(record_from(message["job"]))
             return
@@ -257,14 +299,23 @@ class Keeper:
             self._gone_for_good()
             return
         if self._back is not None:
-            return  # a connection made while connecting again: still connecting
+            # A connection made while connecting again: its attach fails now, not at its
+            # deadline (a keeper that was dying when its connection closed, its pidfd not
+            # yet readable, is found gone at the next try).
+            self._fail_calls()
+            return
         log.warning("keeper connection lost; the keeper lives: connecting again", keeper=self.name)
         self._back = anyio.Event()
+        self._fail_calls()
+        self._task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    def _fail_calls(self) -> None:
+        """Every call waiting on the lost connection fails, but a spawn: that one is
+        answered by the records once attached again."""
         for rid, (done, _) in list(self._replies.items()):
-            if rid not in self._spawning:  # answered by the records once attached again
+            if rid not in self._spawning:
                 done.set()
                 del self._replies[rid]
-        self._task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
         backoff = link.Backoff()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,10 @@ from supervisor.daemon.running.keeper_calls import Drop as Drop
 from supervisor.daemon.running.keeper_calls import Keeper as Keeper
 from supervisor.daemon.running.keeper_calls import KeeperGone as KeeperGone
 from supervisor.daemon.running.keeper_calls import SpawnDropped as SpawnDropped
+from supervisor.daemon.running.keeper_watch import SILENT_AFTER_S, KeeperWatch
 from supervisor.daemon.running.keeper_wire import Wire
 from supervisor.daemon.running.launch import SpawnError
-from supervisor.keeper.client import KeeperError, launch
+from supervisor.keeper.client import Connection, KeeperError, launch
 from supervisor.keeper.journal import Key, Record, record_from
 from supervisor.keeper.spawn import Spec
 
@@ -53,12 +55,32 @@ class Keepers:
     runs in this object's own task group."""
 
     def __init__(
-        self, state_dir: Path, cgroup2: Path | None = None, memcg: Path | None = None
+        self,
+        state_dir: Path,
+        cgroup2: Path | None = None,
+        memcg: Path | None = None,
+        *,
+        silent_after_s: float = SILENT_AFTER_S,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.root = state_dir / "keepers"
         self.cgroup2, self.memcg = cgroup2, memcg
         self.keepers: dict[str, Keeper] = {}
+        # keeper -> why its last start was refused for want of a cgroup (until one works)
+        self.cgroup_trouble: dict[str, str] = {}
+        # keeper -> why it could not be attached at start (keeper_watch tries it again)
+        self.unreached: dict[str, str] = {}
+        # An attach answers at the keeper's next journal sync: twice the silence limit
+        # is a keeper that does not answer (and at start, one whose jobs are let go).
+        self.attach_deadline_s = 2 * silent_after_s
         self._lock = anyio.Lock(fast_acquire=True)
+        self.watch = KeeperWatch(
+            lambda: self.keepers,
+            silent_after_s=silent_after_s,
+            on_change=on_change,
+            unreached=lambda: self.unreached,
+            reach=self.reach_again,
+        )
 
     async def __aenter__(self) -> Keepers:
         return self
@@ -67,6 +89,25 @@ class Keepers:
         for keeper in self.keepers.values():  # the connections; the keepers live on
             keeper.closing = True
             keeper.wire.close()
+
+    def problems(self, now: float) -> list[str]:
+        """For `gpusv health`: keepers that do not answer, and keepers whose jobs are
+        refused for want of a cgroup."""
+        refused = [
+            f"keeper {name}: jobs not started: {why}"
+            for name, why in sorted(self.cgroup_trouble.items())
+        ]
+        return self.watch.problems(now) + refused
+
+    def state(self, name: str) -> str | None:
+        """A keeper as `gpusv gpus` shows it: "ok", "not answering", or None (none
+        started, or it died and none has been started since)."""
+        if name in self.unreached:
+            return "not answering"
+        keeper = self.keepers.get(name)
+        if keeper is None or keeper.gone:
+            return None
+        return "not answering" if keeper.silent_since is not None else "ok"
 
     def home(self, name: str) -> Path:
         return self.root / name
@@ -91,7 +132,12 @@ class Keepers:
             v2, v1 = self.roots(name)
             await anyio.to_thread.run_sync(launch, home, v2, v1)
             keeper = await _connect(name, home)
-            answer = await keeper.call("attach")
+            try:
+                answer = await keeper.call("attach", deadline_s=self.attach_deadline_s)
+            except BaseException:  # not kept: its connection neither
+                keeper.closing = True
+                keeper.wire.close()
+                raise
             keeper.pid = int(answer["pid"])
             keeper.pidfd = link.open_pidfd(keeper.pid)
             keeper.features = frozenset(answer.get("features") or ())
@@ -127,13 +173,19 @@ class Keepers:
         except KeeperError as exc:
             if exc.code == "dropped":
                 raise SpawnDropped(exc.message) from None
+            if exc.code == "cgroup":  # never run outside its cgroup: said to the operator
+                self.cgroup_trouble[name] = exc.message
+                raise SpawnError(exc.message, kind="cgroup") from None
             message = exc.message if exc.code == "spawn" else str(exc)
             raise SpawnError(message, transient=_passing(exc)) from None
         except (KeeperGone, OSError) as exc:
             if after is not None:  # a held-back spawn goes with its connection
                 raise SpawnDropped(f"keeper {name} went away: {exc}", gone=True) from None
             raise SpawnError(f"keeper {name} unavailable: {exc}", transient=True) from None
-        return KeptProcess(keeper, record_from(answer["job"]))
+        record = record_from(answer["job"])
+        if record.cgroup or record.memcg:
+            self.cgroup_trouble.pop(name, None)
+        return KeptProcess(keeper, record)
 
     async def forget(self, name: str, key: Key) -> None:
         """Let the keeper drop a record whose end is committed here, if it holds one: an
@@ -148,7 +200,9 @@ class Keepers:
         """Whether the named keeper, attached now, announced `feature` (a keeper started
         by an older gpusvd may not have it)."""
         keeper = self.keepers.get(name)
-        return keeper is not None and not keeper.gone and feature in keeper.features
+        if keeper is None or keeper.gone or keeper.silent_since is not None:
+            return False  # one that does not answer is given nothing to start ahead
+        return feature in keeper.features
 
     def adopt(self, keeper: Keeper, record: Record) -> KeptProcess:
         """A record from `ensure` (a job started by an earlier gpusvd) as a process."""
@@ -166,10 +220,43 @@ class Keepers:
             journal = home / "journal"
             if not (home / "sock").exists() and not (journal.exists() and journal.stat().st_size):
                 continue  # left empty by a keeper that was let go: nothing to take back
-            keeper, records = await self.ensure(name)
+            try:
+                keeper, records = await self.ensure(name)
+            except (KeeperError, KeeperGone, OSError) as exc:
+                # One keeper that does not answer (stopped, wedged) must not keep gpusvd
+                # from starting: its attempts are closed `interrupted` (recovery kills
+                # what it finds of them), its card waits until it answers (reach_again).
+                self.unreached[name] = str(exc)
+                log.error(
+                    "keeper not answering at start: its jobs are not taken back, its card "
+                    "takes no new jobs until it answers",
+                    keeper=name,
+                    error=str(exc),
+                )
+                continue
             for record in records:
                 found[record.key] = KeptProcess(keeper, record)
         return found
+
+    async def reach_again(self, name: str) -> None:
+        """A keeper that did not answer at start, tried again (keeper_watch): once it
+        answers a ping, attached, and whatever it holds let go, each record's attempt
+        having been closed at start (what still runs of it is killed first)."""
+        home = self.home(name)
+        if await anyio.to_thread.run_sync(_answers, home) is False:
+            return  # it lives and still does not answer (None: none serves; one is started)
+        try:
+            keeper, records = await self.ensure(name)
+            for record in records:
+                if not record.ended:
+                    await keeper.call("kill", job=record.job, attempt=record.attempt, grace_s=0.0)
+                await keeper.tell("ack", job=record.job, attempt=record.attempt)
+        except (KeeperError, KeeperGone, OSError) as exc:
+            self.unreached[name] = str(exc)
+            return
+        self.unreached.pop(name, None)
+        log.warning("keeper answers again: attached", keeper=name, let_go=len(records))
+        self.watch.on_change()
 
     async def shutdown_idle(self) -> bool:
         """Let every keeper that keeps nothing exit (after a drain); whether all did.
@@ -190,6 +277,19 @@ class Keepers:
         """Until every keeper's connection has closed: each one let go has exited."""
         for keeper in list(self.keepers.values()):
             await keeper.closed()
+
+
+def _answers(home: Path) -> bool | None:
+    """Whether the keeper of `home` answers a ping at once; None where none listens
+    (blocking, for a worker thread)."""
+    try:
+        with Connection(home / "sock", timeout_s=0.5) as conn:
+            conn.call("ping")
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+    except (OSError, KeeperError, ValueError):
+        return False
+    return True
 
 
 def _passing(exc: KeeperError) -> bool:

@@ -15,11 +15,14 @@ import psutil
 
 class SpawnError(Exception):
     """The command could not be started; the message says why, for the user. With
-    `transient`, for a passing cause: the attempt is retried (`spawn_retry`)."""
+    `transient`, for a passing cause: the attempt is retried (`spawn_retry`). `kind` names
+    a kind of failure the operator must see (`cgroup`: the job's cgroup could not be
+    made, so it was not started), None for the job's own (a missing executable)."""
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, kind: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.kind = kind
 
 
 def kill_leftover(pid: int, start_time: float | None) -> bool:

@@ -11,9 +11,8 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -22,7 +21,7 @@ import structlog
 from supervisor.core import oom as ranking
 from supervisor.core.commands import Ended, Kill, Spawn, Spawning, Started, Stop
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, classify_exit
-from supervisor.core.outcome import Facts
+from supervisor.core.outcome import Facts, keeper_death
 from supervisor.core.table import Phase
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import now_iso
@@ -30,69 +29,21 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running import oom_scores as oom
 from supervisor.daemon.running.ahead import Ahead, answers, behind
-from supervisor.daemon.running.handles import KeptProcess, kill_through
+from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill_through
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
+from supervisor.daemon.running.procs import Evidence, Proc, may_have_leftovers, peak_mb
 from supervisor.daemon.store import output_files as joblogs
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
-from supervisor.keeper.journal import Record
 from supervisor.keeper.spawn import Spec
 
 if TYPE_CHECKING:
     from supervisor.daemon.watch.gpu_monitor import GpuMonitor
-    from supervisor.faults.watchdog import ProgressTracker
 
 log = structlog.get_logger("gpusvd.attempts")
 
-
-@dataclass
-class Proc:
-    """A running attempt's process and its live figures: runtime, not job state."""
-
-    job_id: int
-    n: int
-    cards: tuple[int, ...]
-    seq: int
-    started_mono: float
-    handle: KeptProcess
-    rss_mb: int = 0
-    peak_rss_mb: int = 0
-    peak_vram_mb: int = 0  # summed over its cards, as the backend reads its processes
-    tracker: ProgressTracker | None = None
-    oom_kills_at_start: int | None = None
-    aborting: bool = False
-    oom_score_adj: int | None = None  # as last written to its tree; None: not known
-
-
-def _peak_mb(sampled_mb: int, kernel_bytes: int | None) -> int:
-    """The attempt's recorded peak: its cgroup's high-water mark where the kernel kept
-    one (exact, however short the peak; what a limit on the job would be held to), else
-    the most the sampler saw of its processes' RSS. Rounded up: a job that charged a few
-    hundred KiB still ran with a figure, and so still adds to its key's history."""
-    return -(-kernel_bytes // 2**20) if kernel_bytes else sampled_mb
-
-
-def _may_have_leftovers(ended: Record | None) -> bool:
-    """Whether processes of the job may outlive its leader: unknown unless its keeper
-    counted its cgroup empty at the exit (nothing joins an empty cgroup)."""
-    return ended is None or ended.leftovers > 0 or not (ended.cgroup or ended.memcg)
-
-
-class Evidence(Protocol):
-    """What the kernel-log watcher knows about an attempt's end (hangs.HangWatcher)."""
-
-    def hang_evidence(self, cards: tuple[int, ...], since: float) -> dict[str, Any] | None: ...
-
-    async def wait_for_fault(
-        self, cards: tuple[int, ...], since: float
-    ) -> dict[str, Any] | None: ...
-
-    def oom_evidence(self, p: Proc, status: ExitStatus, own: int | None) -> str | None: ...
-
-    def oom_kills_now(self) -> int | None: ...
-
-    def machine(self, card: int | None) -> dict[str, Any]: ...
+__all__ = ["Evidence", "Proc", "Runner"]
 
 
 class Runner:
@@ -214,7 +165,18 @@ class Runner:
                     ahead.answered.set()
                     self._ahead.pop(job_id, None)
         except SpawnError as exc:
-            facts = Facts(None, spawn_error=str(exc), spawn_transient=exc.transient)
+            if exc.kind is not None:  # the operator's to fix, not the job's
+                log.error(
+                    "job not started",
+                    job_id=job_id,
+                    attempt=n,
+                    keeper=name,
+                    kind=exc.kind,
+                    why=str(exc),
+                )
+            facts = Facts(
+                None, spawn_error=str(exc), spawn_transient=exc.transient, spawn_kind=exc.kind
+            )
             await self.engine.do(Ended(job_id, n, facts))
             await self.keepers.forget(name, (job_id, n))
             return
@@ -265,11 +227,18 @@ class Runner:
             self.procs.pop(p.job_id, None)
 
     async def _keeper_lost(self, p: Proc) -> None:
-        message = f"its keeper ({p.handle.keeper.name}) died; the job was killed"
-        log.warning("keeper lost", job_id=p.job_id, keeper=p.handle.keeper.name)
-        await self.engine.do(Stop(p.job_id, FailureReason.INTERRUPTED, {"message": message}))
+        """Its keeper died, which killed the job (the next keeper kills what is left):
+        `interrupted`, the keeper named, and an attempt of the job's budget spent."""
+        keeper = p.handle.keeper
+        log.warning(
+            "keeper died: its job was killed", job_id=p.job_id, keeper=keeper.name, pid=keeper.pid
+        )
+        evidence = keeper_death(keeper.name, keeper.pid)
+        await self.engine.do(Stop(p.job_id, FailureReason.INTERRUPTED, evidence))
 
     async def _forget(self, p: Proc) -> None:
+        if p.handle.key in p.handle.keeper.settled:  # acknowledged once its keeper answers
+            return
         with contextlib.suppress(KeeperError, KeeperGone, OSError):
             if p.handle.keeper.gone:  # a new keeper took the journal over: ack there
                 p.handle.keeper, _ = await self.keepers.ensure(p.handle.keeper.name)
@@ -291,7 +260,7 @@ class Runner:
                 }
         ended = p.handle.ended
         oom_why = self.evidence.oom_evidence(p, status, ended.oom_kills if ended else None)
-        if _may_have_leftovers(ended) and p.handle.tree():  # descendants outlived the leader
+        if may_have_leftovers(ended) and p.handle.tree():  # descendants outlived the leader
             handle = p.handle
             with contextlib.suppress(Exception):
                 await self.abort(lambda: handle.kill_tree(0.5), f"job-{p.job_id}-leftovers")
@@ -299,7 +268,7 @@ class Runner:
             status,
             hang=hang,
             oom=oom_why,
-            peak_rss_mb=_peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
+            peak_rss_mb=peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
             peak_vram_mb=p.peak_vram_mb,
             machine=machine,
             exited_at=ended.ended_at if ended else None,
@@ -346,8 +315,10 @@ class Runner:
             grace = max(0.0, grace - (time.time() - order.since))
         backend = self.monitor.backend
 
+        settled: list[bool] = []
+
         def abort() -> None:
-            handle.kill_tree(grace)
+            settled.append(handle.kill_tree(grace))
             if card is not None:
                 backend.query(card)
 
@@ -357,6 +328,8 @@ class Runner:
         try:
             with contextlib.suppress(Exception):  # a failed re-probe is the monitor's to see
                 await self.abort(abort, f"job-{p.job_id}")
+            if settled and settled[0] and handle.ended is None:  # its keeper is silent: ours
+                handle.keeper.settle(ended_by_gpusvd(handle.record, time.time()))
         finally:
             if card is not None:
                 self.monitor.recovering.discard(card)

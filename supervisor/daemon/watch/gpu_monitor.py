@@ -62,6 +62,7 @@ class GpuMonitor:
         self._quarantine: dict[int, float] = {}  # card -> monotonic time to re-probe from
         self.recovering: set[int] = set()  # cards being re-probed after a hang: no placements
         self.resetting: set[int] = set()  # the driver refuses reads while it resets: no placements
+        self.unanswered: set[int] = set()  # cards whose keeper does not answer: no placements
         self.visible_by = visible_by  # what CUDA_/ROCR_VISIBLE_DEVICES carry
         self.allocation: str | None = None  # the visibility variable gpusvd itself was given
         self.released = False  # the driver was let go of (SIGUSR1): no reading, no placing
@@ -85,7 +86,8 @@ class GpuMonitor:
                 index=c.index,
                 vram_total_mb=c.vram_total_mb,
                 vram_used_mb=c.vram_used_mb,
-                healthy=placeable(c) and c.index not in self.recovering | self.resetting,
+                healthy=placeable(c)
+                and c.index not in self.recovering | self.resetting | self.unanswered,
                 running=(),
             )
             for c in self.cards
