@@ -41,4 +41,4 @@ mount -t tmpfs -o nosuid,nodev,mode=1777 tmp /tmp
 for unit in $(grep -v "^#" "$work/masked"); do
     ln -sf /dev/null "/etc/systemd/system/$unit"
 done
-exec /lib/systemd/systemd --system --unit=basic.target --log-target=console
+exec /lib/systemd/systemd --system --unit=basic.target

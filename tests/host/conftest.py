@@ -68,6 +68,18 @@ class Gpusvd:
 
     def __init__(self, m: Machine) -> None:
         self.m = m
+        self.cursor = ""
+
+    def mark_journal(self) -> None:
+        """From here on, `journal` shows only what is logged after this call."""
+        self.m.sh("journalctl --sync", check=False)
+        out = self.m.sh("journalctl -q -n 0 --show-cursor", check=False).stdout
+        self.cursor = out.rsplit("-- cursor: ", 1)[-1].strip() if "cursor" in out else ""
+
+    def journal(self, *args: str) -> str:
+        """The unit's journal since mark_journal, with `args` (fields, -o json...)."""
+        after = f"--after-cursor={shlex.quote(self.cursor)}" if self.cursor else ""
+        return self.m.journal(f"-u {UNIT}", after, *args)
 
     def configure(self, extra: str = "", dropin: str = "") -> None:
         self.m.write(CONFIG, BASE_CONFIG + extra)
@@ -159,6 +171,7 @@ def gpusvd(machine: Machine) -> Iterator[Gpusvd]:
     d = Gpusvd(machine)
     d.stop_and_clean()
     d.configure()
+    d.mark_journal()
     try:
         yield d
     finally:
