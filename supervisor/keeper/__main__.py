@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-from . import cgroup
+from . import cgroup, scope
 from .cgroup import Roots
 from .direct import Home
 from .jobs import Jobs
@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return EXIT_HELD
+    if args.cgroup2 is not None:
+        try:  # in a scope of our own (scope.py): into our leaf, beside our jobs' root
+            scope.move_into_leaf(args.cgroup2)
+        except OSError as exc:
+            log_line(f"cannot move into a leaf beside {args.cgroup2}: {exc.strerror}")
     for root in (args.cgroup2, args.memcg):
         if root is not None:
             try:

@@ -33,11 +33,7 @@ def job_cgroup(gpusvd: Gpusvd, job: int, pid: int) -> str:
 
 
 def leftover_lines(gpusvd: Gpusvd) -> list[str]:
-    return [
-        line
-        for line in gpusvd.journal().splitlines()
-        if "left-over process" in line
-    ]
+    return [line for line in gpusvd.journal().splitlines() if "left-over process" in line]
 
 
 def test_start_is_ready_with_a_status(gpusvd: Gpusvd) -> None:
@@ -54,7 +50,9 @@ def test_restart_takes_back_jobs_and_attached_clients_end_with_the_jobs_codes(
     gpusvd.start()
     jobs = {"a": gpusvd.submit("sh", "-c", waiter("a", 0), gpus=1)}
     jobs["cpu"] = gpusvd.submit("sh", "-c", waiter("cpu", 0), gpus=0)
-    client = gpusvd.m.popen(f"gpusv run --gpus 1 --retries 0 -- sh -c 'echo before; {waiter('run', 7)}'")
+    client = gpusvd.m.popen(
+        f"gpusv run --gpus 1 --retries 0 -- sh -c 'echo before; {waiter('run', 7)}'"
+    )
     gpusvd.m.wait_for(
         lambda: len(json.loads(gpusvd.cli("list", "--json").stdout)) == 3, "the run's job"
     )
@@ -96,8 +94,7 @@ def test_the_journal_has_a_jobs_story_by_its_field(gpusvd: Gpusvd) -> None:
     job = gpusvd.submit("sh", "-c", "exit 3", gpus=0, extra=("--retries", "0"))
     gpusvd.wait_state(job, "failed", "succeeded")
     entries = [
-        json.loads(line)
-        for line in gpusvd.journal(f"GPUSV_JOB={job}", "-o json").splitlines()
+        json.loads(line) for line in gpusvd.journal(f"GPUSV_JOB={job}", "-o json").splitlines()
     ]
     assert entries, "no journal entry with GPUSV_JOB"
     assert all(e["GPUSV_JOB"] == str(job) for e in entries)
@@ -118,9 +115,7 @@ def test_deadman_exits_70_systemd_restarts_it_and_the_other_cards_job_runs_on(
     old = gpusvd.main_pid()
     gpusvd.wedge(0, True)
     gpusvd.kernel_line(XID_109_CARD0)
-    gpusvd.m.wait_for(
-        lambda: "status=70" in gpusvd.journal(), "gpusvd to exit 70", 90
-    )
+    gpusvd.m.wait_for(lambda: "status=70" in gpusvd.journal(), "gpusvd to exit 70", 90)
     gpusvd.wedge(0, False)
     gpusvd.wait_active(other_than=old, timeout_s=90)
     assert int(gpusvd.m.show(UNIT, "NRestarts")["NRestarts"]) >= 1
