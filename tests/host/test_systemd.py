@@ -119,7 +119,9 @@ def test_deadman_exits_70_systemd_restarts_it_and_the_other_cards_job_runs_on(
     gpusvd.wedge(0, False)
     gpusvd.wait_active(other_than=old, timeout_s=90)
     assert int(gpusvd.m.show(UNIT, "NRestarts")["NRestarts"]) >= 1
-    assert gpusvd.journal(f"MESSAGE_ID={DEADMAN_EXIT}").strip()
+    entries = [json.loads(line) for line in gpusvd.journal("-o json").splitlines()]
+    deadman = [e for e in entries if e.get("MESSAGE_ID") == DEADMAN_EXIT]
+    assert len(deadman) == 1 and deadman[0]["PRIORITY"] == "2", deadman
     shown = gpusvd.show(healthy)
     assert shown["state"] == "running" and shown["attempts"][0]["pid"] == pid
     job_cgroup(gpusvd, healthy, pid)
