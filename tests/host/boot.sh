@@ -6,6 +6,14 @@ set -euo pipefail
 work=$1
 mount --make-rprivate /
 hostname gpusv-host
+# A network of its own: loopback, and one address besides (getaddrinfo's AI_ADDRCONFIG,
+# which Slurm uses, resolves no IPv4 address, not even 127.0.0.1, without one).
+ip link set lo up
+if ip link add gpusv0 type veth peer name gpusv1; then
+    ip addr add 10.251.0.1/24 dev gpusv0
+    ip link set gpusv0 up
+    ip link set gpusv1 up
+fi
 mount -t proc -o nosuid,nodev,noexec proc /proc
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .machine import CannotBoot, Machine
+from .machine import INSIDE_WORK, CannotBoot, Machine
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "gpusvd"
@@ -53,10 +55,18 @@ def machine() -> Iterator[Machine]:
 
 
 def _install(m: Machine) -> None:
-    """As docs/operations.md says: a venv in /opt/gpusv, the package, the unit."""
+    """As docs/operations.md says: a venv in /opt/gpusv, the package, the unit. The
+    machine has no network: the wheels are made here, and reach it in its work dir."""
+    wheels = m.work / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     m.sh(
-        f"{PYTHON} -m venv /opt/gpusv && "
-        f"/opt/gpusv/bin/pip install -q --disable-pip-version-check {shlex.quote(str(REPO))}",
+        f"{PYTHON} -m venv /opt/gpusv && /opt/gpusv/bin/pip install -q "
+        f"--disable-pip-version-check --no-index --find-links {INSIDE_WORK}/wheels gpusv",
         timeout=300,
     )
     m.sh(f"install -m 644 {shlex.quote(str(REPO / 'systemd/gpusvd.service'))} /etc/systemd/system/")

@@ -1,12 +1,13 @@
 """A private machine with a real systemd as PID 1, for the host suite.
 
-`Machine.boot` makes a fresh cgroup, enters new pid, mount, uts and cgroup namespaces in
-it and runs boot.sh there, which mounts a private /proc, a read-only /sys and /proc/sys,
-a cgroup2 filesystem, overlays over /etc, /var and /opt (their writes land in the work
-dir), a private /dev, /run and /tmp, masks every unit that would touch the host, and
-execs systemd. Commands run inside through `nsenter`, with a clean environment. `close`
-kills the namespace's PID 1 (the kernel then kills every process in the namespace),
-removes the cgroups and the work dir: nothing outlives it, also after a failure.
+`Machine.boot` makes a fresh cgroup, enters new pid, mount, uts, cgroup and network
+namespaces in it (Slurm's ports never open on the host) and runs boot.sh there, which
+mounts a private /proc, a read-only /sys and /proc/sys, a cgroup2 filesystem, overlays
+over /etc, /var and /opt (their writes land in the work dir), a private /dev, /run and
+/tmp, masks every unit that would touch the host, and execs systemd. Commands run
+inside through `nsenter`, with a clean environment. `close` kills the namespace's PID 1
+(the kernel then kills every process in the namespace), removes the cgroups and the work
+dir: nothing outlives it, also after a failure.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ BOOT = HERE / "boot.sh"
 
 MASKED = HERE / "masked-units.txt"
 
+INSIDE_WORK = "/mnt"  # where boot.sh binds the work dir inside
 PATH = "/opt/gpusv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-UNSHARE = ("unshare", "--cgroup", "--pid", "--fork", "--mount", "--uts")
+UNSHARE = ("unshare", "--cgroup", "--pid", "--fork", "--mount", "--uts", "--net")
 
 
 class CannotBoot(Exception):
@@ -168,6 +170,7 @@ class Machine:
             "--uts",
             "--pid",
             "--cgroup",
+            "--net",
             "--",
             "env",
             "-i",
