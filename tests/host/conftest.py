@@ -7,6 +7,7 @@ leaves tests/host out of every other run)."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -35,9 +36,12 @@ cpu_slots = 2
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    alone = os.environ.get("GPUSV_HOST_SUITE") != "1"
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.host)
+            if alone:  # named on a command line without the script
+                item.add_marker(pytest.mark.skip(reason="run by scripts/test-host.sh"))
 
 
 @pytest.fixture(scope="session")
