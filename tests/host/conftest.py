@@ -175,7 +175,7 @@ class Gpusvd:
             f"systemctl kill --kill-whom=all -s KILL {UNIT}; "
             "for s in $(systemctl list-units --plain --no-legend 'gpusv-*.scope' | "
             "awk '{print $1}'); do systemctl kill -s KILL $s; systemctl stop $s; done; "
-            f"rm -rf {STATE} /run/gpusvd",
+            f"rm -rf {STATE} /run/gpusvd /tmp/go-* /tmp/ran-*",
             check=False,
         )
 
