@@ -112,16 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     home = args.dir
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    lock = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return EXIT_HELD
     if args.cgroup2 is not None:
         try:  # in a scope of our own (scope.py): into our leaf, beside our jobs' root
             scope.move_into_leaf(args.cgroup2)
         except OSError as exc:
             log_line(f"cannot move into a leaf beside {args.cgroup2}: {exc.strerror}")
+    lock = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return EXIT_HELD
     for root in (args.cgroup2, args.memcg):
         if root is not None:
             try:
