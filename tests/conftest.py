@@ -84,6 +84,15 @@ def _no_keeper_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 _INTEGRATION = Path(__file__).parent / "integration"
+_HOST = Path(__file__).parent / "host"
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    """tests/host/ boots a machine with its own systemd: only scripts/test-host.sh runs it
+    (it sets GPUSV_HOST_SUITE=1); every other run leaves it out, uncollected."""
+    if os.environ.get("GPUSV_HOST_SUITE") != "1" and collection_path == _HOST:
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

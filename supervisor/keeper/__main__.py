@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-from . import cgroup
+from . import cgroup, scope
 from .cgroup import Roots
 from .direct import Home
 from .jobs import Jobs
@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     home = args.dir
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if args.cgroup2 is not None:
+        try:  # in a scope of our own (scope.py): into our leaf, beside our jobs' root
+            scope.move_into_leaf(args.cgroup2)
+        except OSError as exc:
+            log_line(f"cannot move into a leaf beside {args.cgroup2}: {exc.strerror}")
     lock = os.open(home / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

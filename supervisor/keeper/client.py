@@ -7,14 +7,18 @@ replies matched to requests by `id`, events (`"event"` set) in between.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from supervisor.keeper import scope
 from supervisor.wire.framing import encode
 
 EXIT_HELD = 3  # another keeper holds the directory: it serves
@@ -50,22 +54,59 @@ def launch_argv(
 
 def launch(home: Path, cgroup2: Path | None = None, memcg: Path | None = None) -> None:
     """Start a keeper for `home` unless one serves it; return once its socket listens.
-    It runs in a session of its own and is nobody's child once started: it outlives us."""
+    It runs in a session of its own and is nobody's child once started: it outlives us.
+    Under systemd it starts in a scope of its own, its jobs' cgroups inside (scope.py)."""
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    planned = scope.plan(cgroup2)
+    runner = scope.systemd_run() if planned is not None else None
+    if planned is not None and runner is not None:
+        argv = launch_argv(home, planned.jobs_root, memcg)
+        if planned.cgroup.is_dir():  # its keeper serves, or jobs of a dead one are there
+            code = _run(home, argv, join=planned.join_target())
+        else:
+            code = _run(home, planned.argv(runner, argv))
+        if code in (0, EXIT_HELD):
+            return
+        # The manager refused the scope (its reason is in the log): beside the daemon.
+    # Our own interpreter, by our own image: a daemon run as an ordinary user may
+    # execute a binary whose path it may not search (a root-owned pyenv).
+    own = "/proc/self/exe" if Path("/proc/self/exe").exists() else None
+    code = _run(home, launch_argv(home, cgroup2, memcg), executable=own)
+    if code not in (0, EXIT_HELD):
+        raise KeeperError("start", f"keeper exited {code}; see {home / 'log'}")
+
+
+def _run(
+    home: Path, argv: list[str], executable: str | None = None, join: Path | None = None
+) -> int:
     with open(home / "log", "ab") as log:
         done = subprocess.run(
-            launch_argv(home, cgroup2, memcg),
-            # Our own interpreter, by our own image: a daemon run as an ordinary user may
-            # execute a binary whose path it may not search (a root-owned pyenv).
-            executable="/proc/self/exe" if Path("/proc/self/exe").exists() else None,
+            argv,
+            executable=executable,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,
+            preexec_fn=None if join is None else _joiner(join),
             check=False,
         )
-    if done.returncode not in (0, EXIT_HELD):
-        raise KeeperError("start", f"keeper exited {done.returncode}; see {home / 'log'}")
+    return done.returncode
+
+
+def _joiner(cgroup: Path) -> Callable[[], None]:
+    """A hook between fork and exec (os calls only): the child joins `cgroup`; where it
+    may not, it starts where we are, as a keeper without a scope does."""
+    procs = os.fsencode(cgroup / "cgroup.procs")
+
+    def join() -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+
+    return join
 
 
 class Connection:

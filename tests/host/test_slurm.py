@@ -1,0 +1,181 @@
+"""A one-node Slurm (munged, slurmctld, slurmd under the machine's systemd) whose jobs
+wrap `gpusv run`, as docs/scaling.md tells an operator to."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import REPO, UNIT, Gpusvd
+from .machine import Machine
+from .test_systemd import XID_109_CARD0, go, waiter
+
+SLURM_CONF = """\
+ClusterName=gpusvhost
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort=16817
+SlurmdPort=16818
+AuthType=auth/munge
+SlurmUser=slurm
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+ReturnToService=2
+InactiveLimit=0
+KillWait=5
+MinJobAge=600
+{health}
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=2000 State=UNKNOWN
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+# slurmd sees the kernel's v1 hierarchies in /proc/self/cgroup beside the machine's
+# cgroup2 and refuses that as "Hybrid mode"; the v1 plugin serves proctrack/linuxproc.
+CGROUP_CONF = "CgroupPlugin=cgroup/v1\n"
+HEALTH = "HealthCheckProgram=/etc/slurm/gpusv-healthcheck\nHealthCheckInterval=1\n"
+HEALTH += "HealthCheckNodeState=ANY\n"
+
+
+class Slurm:
+    def __init__(self, m: Machine) -> None:
+        self.m = m
+        self.host = m.sh("hostname").stdout.strip()
+
+    def configure(self, health: bool = False) -> None:
+        conf = SLURM_CONF.format(host=self.host, health=HEALTH if health else "")
+        self.m.write("/etc/slurm/slurm.conf", conf)
+        self.m.write("/etc/slurm/cgroup.conf", CGROUP_CONF)
+
+    def state(self) -> str:
+        return self.m.sh(f"sinfo -h -n {self.host} -o %T").stdout.strip()
+
+    def job(self, job: str) -> dict[str, str]:
+        out = self.m.sh(f"scontrol -o show job {job}").stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait_job(self, job: str, timeout_s: float = 90.0) -> dict[str, str]:
+        def done() -> dict[str, str] | None:
+            shown = self.job(job)
+            return None if shown["JobState"] in ("PENDING", "RUNNING", "COMPLETING") else shown
+
+        ended: dict[str, str] = self.m.wait_for(done, f"Slurm job {job} to end", timeout_s)  # type: ignore[assignment]
+        return ended
+
+    def sbatch(self, script: str, *flags: str) -> str:
+        out = self.m.sh(f"sbatch --parsable {' '.join(flags)} --wrap {shlex.quote(script)}")
+        return out.stdout.strip().split(";")[0]
+
+
+@pytest.fixture(scope="session")
+def slurm_node(machine: Machine) -> Iterator[Slurm]:
+    s = Slurm(machine)
+    s.configure()
+    machine.sh(
+        "mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd && chown -R slurm: /var/lib/slurm"
+    )
+    machine.sh("systemctl start munge slurmctld slurmd", timeout=120)
+    machine.wait_for(lambda: s.state() == "idle", "the Slurm node to be idle")
+    try:
+        yield s
+    finally:
+        machine.sh("systemctl stop slurmd slurmctld munge", check=False, timeout=120)
+
+
+@pytest.fixture
+def slurm(slurm_node: Slurm, gpusvd: Gpusvd) -> Slurm:
+    gpusvd.start()
+    return slurm_node
+
+
+def gpusv_job(gpusvd: Gpusvd) -> int:
+    """The id of the one GPU job, once it runs."""
+
+    def running() -> int | None:
+        out = gpusvd.cli("list", "--state", "running", "--json").stdout
+        ids = [int(i) for i in re.findall(r'"id": (\d+)', out)]
+        return ids[0] if ids else None
+
+    job: int = gpusvd.m.wait_for(running, "the GPU job to run")  # type: ignore[assignment]
+    return job
+
+
+def test_srun_gets_the_gpu_jobs_exit_code(slurm: Slurm) -> None:
+    done = slurm.m.sh("srun gpusv run --retries 0 -- sh -c 'echo out; exit 5'", check=False)
+    assert done.returncode == 5, done
+    assert "out" in done.stdout
+
+
+def test_scancel_cancels_the_gpu_job(slurm: Slurm, gpusvd: Gpusvd) -> None:
+    job = slurm.sbatch("exec gpusv run --gpus 1 -- sleep 300")
+    gpu_job = gpusv_job(gpusvd)
+    slurm.m.sh(f"scancel {job}")
+    assert gpusvd.wait_state(gpu_job, "cancelled")["state"] == "cancelled"
+    assert slurm.wait_job(job)["JobState"] == "CANCELLED"
+
+
+def test_slurms_time_limit_ends_the_gpu_job(slurm: Slurm, gpusvd: Gpusvd) -> None:
+    job = slurm.sbatch("exec gpusv run --gpus 1 -- sleep 300", "--time=0:02", "--signal=TERM@1")
+    gpu_job = gpusv_job(gpusvd)
+    ended = slurm.wait_job(job, timeout_s=120)
+    assert ended["JobState"] == "TIMEOUT", ended
+    assert gpusvd.wait_state(gpu_job, "cancelled", "failed")["state"] == "cancelled"
+
+
+@pytest.mark.parametrize("how", ["restart", "deadman"])
+def test_a_slurm_job_wrapping_gpusv_run_rides_through_a_restart(
+    slurm: Slurm, gpusvd: Gpusvd, how: str
+) -> None:
+    if how == "deadman":
+        gpusvd.configure("[deadman]\nabort_deadline_s = 3\n", dropin="[Service]\nRestartSec=1\n")
+        gpusvd.m.sh(f"systemctl restart {UNIT}", timeout=120)
+    script = f"echo first; {waiter('slurm', 6)}"
+    job = slurm.sbatch(f"exec gpusv run --gpus 1 --retries 0 -- sh -c {shlex.quote(script)}")
+    gpu_job = gpusv_job(gpusvd)
+    old = gpusvd.main_pid()
+    if how == "restart":
+        gpusvd.m.sh(f"systemctl restart {UNIT}", timeout=120)
+    else:
+        wedged = gpusvd.submit("sleep", "300", gpus=1)  # on the other card
+        gpusvd.wait_pid(wedged)
+        card = gpusvd.show(wedged)["gpus"][0]
+        gpusvd.wedge(card, True)
+        gpusvd.kernel_line(XID_109_CARD0.replace("0000:01:00", f"0000:{card + 1:02x}:00"))
+        gpusvd.m.wait_for(lambda: "status=70" in gpusvd.journal(), "exit 70", 90)
+        gpusvd.wedge(card, False)
+    gpusvd.wait_active(other_than=old, timeout_s=90)
+    assert gpusvd.show(gpu_job)["state"] == "running"
+    assert slurm.job(job)["JobState"] == "RUNNING"
+    go(gpusvd, "slurm")
+    ended = slurm.wait_job(job)
+    assert ended["ExitCode"] == "6:0", ended
+    assert gpusvd.wait_state(gpu_job, "failed")["exit_code"] == 6
+    out = slurm.m.sh(f"cat /slurm-{job}.out", check=False).stdout
+    assert out.count("first") == 1, out
+
+
+def test_gpusv_health_as_health_check_program_drains_and_resumes_the_node(
+    slurm: Slurm, gpusvd: Gpusvd
+) -> None:
+    docs = (REPO / "docs/scaling.md").read_text()
+    program = docs.split("# /etc/slurm/gpusv-healthcheck", 1)[1].split("```", 1)[0]
+    resume = docs.split("in the\n`0)` branch:\n\n```sh\n", 1)[1].split("```", 1)[0]
+    program = program.replace("  0)   exit 0 ;;\n", resume)
+    slurm.m.write("/etc/slurm/gpusv-healthcheck", "#!/bin/sh\n" + program)
+    slurm.m.sh("chmod 755 /etc/slurm/gpusv-healthcheck")
+    slurm.configure(health=True)
+    try:
+        slurm.m.sh("scontrol reconfigure")
+        slurm.m.sh(f"systemctl stop {UNIT}", timeout=150)
+        slurm.m.wait_for(lambda: "drain" in slurm.state(), "the node to drain")
+        reason = slurm.m.sh(f"sinfo -h -R -n {slurm.host} -o %E").stdout
+        assert "gpusv: gpusvd is not running" in reason, reason
+        gpusvd.start()
+        slurm.m.wait_for(lambda: slurm.state() == "idle", "the node to resume")
+    finally:
+        slurm.configure()
+        slurm.m.sh("scontrol reconfigure", check=False)
+        slurm.m.sh(f"scontrol update nodename={slurm.host} state=resume", check=False)
