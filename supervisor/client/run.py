@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from supervisor.client.connection import Client
@@ -51,20 +50,28 @@ def _pump(client: Client, job_id: int, stream: str, offset: int, out: BinaryIO) 
     return reply["offset"], bool(reply["done"])
 
 
-def _stream(client: Client, job_id: int) -> None:
+def _stream(client: Client, job_id: int) -> dict[str, Any] | None:
+    """Copy both streams until the job has ended and both are read; the job's view when
+    a `wait` saw it end (None when the logs said so first)."""
     offsets = {"stdout": 0, "stderr": 0}
     outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    ended: dict[str, Any] | None = None
     while True:
         moved, done = False, True
         for stream in offsets:
             before = offsets[stream]
-            offsets[stream], ended = _pump(client, job_id, stream, before, outs[stream])
+            offsets[stream], finished = _pump(client, job_id, stream, before, outs[stream])
             moved |= offsets[stream] != before
-            done &= ended
+            done &= finished
         if done:
-            return
+            return ended
         if not moved:
-            time.sleep(POLL_S)
+            # Not a sleep: the daemon answers the moment the job ends, so a short job's
+            # end reaches the terminal as soon as `submit --wait` would see it.
+            request = {"type": "wait", "ids": [job_id], "timeout_s": POLL_S}
+            reply = client.call(request)
+            if not reply["timed_out"]:
+                ended = reply["jobs"][0]
 
 
 def cmd_run(client: Client, a: argparse.Namespace) -> int:
@@ -81,8 +88,10 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
     try:
         job_id = int(client.call(request)["ids"][0])
         client.replay = [request]
-        _stream(client, job_id)
-        return exit_status(client.call({"type": "show", "ids": [job_id]})["job"])
+        ended = _stream(client, job_id)
+        if ended is None:
+            ended = client.call({"type": "show", "ids": [job_id]})["job"]
+        return exit_status(ended)
     except _Stopped as stop:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cancel
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
