@@ -211,3 +211,27 @@ def _answer(server: socket.socket, answers: list[dict[str, object]]) -> None:
             while not data.endswith(b"\n"):
                 data += conn.recv(1 << 16)
             conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
+def test_submit_through_the_parser_imports_neither_typing_nor_pathlib(tmp_path: Path) -> None:
+    """The parser's path pays for argparse, not for pathlib (the socket search) or typing
+    (the reconnect rules): some 6 ms of every submit's start."""
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        answers = [{"ok": True, "ids": [5]}]
+        thread = threading.Thread(target=_answer, args=(server, answers), daemon=True)
+        thread.start()
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, "--socket", str(path), "submit", "--", "true"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={k: v for k, v in os.environ.items() if k != "GPUSV_SOCKET"},
+        )
+        thread.join(30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "5\n"
+    imported = set(done.stderr.split())
+    assert "supervisor.client.parser" in imported and not imported & {"typing", "pathlib"}
