@@ -56,7 +56,16 @@ def _stream(client: Client, job_id: int) -> dict[str, Any] | None:
     offsets = {"stdout": 0, "stderr": 0}
     outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
     ended: dict[str, Any] | None = None
+    moved = False
     while True:
+        if not moved:
+            # Not a sleep: the daemon answers the moment the job ends, so a short job
+            # is read once, when it has ended, and its end reaches the terminal as soon
+            # as `submit --wait` would see it. Output that comes in the meantime waits
+            # at most POLL_S.
+            reply = client.call({"type": "wait", "ids": [job_id], "timeout_s": POLL_S})
+            if not reply["timed_out"]:
+                ended = reply["jobs"][0]
         moved, done = False, True
         for stream in offsets:
             before = offsets[stream]
@@ -65,13 +74,6 @@ def _stream(client: Client, job_id: int) -> dict[str, Any] | None:
             done &= finished
         if done:
             return ended
-        if not moved:
-            # Not a sleep: the daemon answers the moment the job ends, so a short job's
-            # end reaches the terminal as soon as `submit --wait` would see it.
-            request = {"type": "wait", "ids": [job_id], "timeout_s": POLL_S}
-            reply = client.call(request)
-            if not reply["timed_out"]:
-                ended = reply["jobs"][0]
 
 
 def cmd_run(client: Client, a: argparse.Namespace) -> int:
