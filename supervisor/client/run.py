@@ -10,17 +10,22 @@ job, tied to the new connection) and reads on from the offsets it had reached.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from typing import TYPE_CHECKING, Any, BinaryIO
 
 from supervisor.client.connection import Client
 from supervisor.client.submitting import command_of, exit_status, job_options
 from supervisor.wire.sizes import ConfigError
 
+# No typing, and _signal rather than signal.py (which builds three IntEnums when
+# imported), at run time: `run` starts as soon as `submit` does.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import argparse
+    import signal
     from types import FrameType
+    from typing import Any, BinaryIO
+else:
+    import _signal as signal
 
 
 POLL_S = 0.1
