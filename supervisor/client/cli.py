@@ -1,9 +1,10 @@
 """gpusv: the command-line client.
 
 Every command pays for what is imported before it runs, so this module imports only the
-connection at its top. `list` and `show` take a lean path (quick.py) that skips argparse;
-every other command line goes through the parser (parser.py), which names the module
-that runs it, and only that module is imported.
+connection at its top. The plain spellings of `list`, `show`, `submit` and `run` take a
+lean path (quick.py) that skips argparse; every other command line goes through the
+parser (parser.py), which names the module that runs it, and only that module is
+imported.
 
 Exit codes: 0 success, 1 the daemon said no, 2 bad usage, 3 the daemon cannot be reached;
 `wait`, `run` and `submit --wait` exit with the job's own status, 124 when `wait` timed

@@ -10,8 +10,9 @@ means no daemon is coming: a command fails at once, unless systemd says gpusvd's
 starting (`activating`), which covers the start of the system daemon, before its first
 socket exists.
 
-`list` and `show` (quick.py) import it only once a connection has failed: the commands
-typed most often pay nothing for it while their daemon answers.
+The lean commands (quick.py: `list`, `show`, `submit`, `run`) import it only once a
+connection has failed: the commands typed most often pay nothing for it while their
+daemon answers.
 """
 
 from __future__ import annotations

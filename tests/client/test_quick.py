@@ -287,3 +287,4 @@ def test_submit_imports_neither_typing_nor_pathlib(
     imported = set(done.stderr.split())
     assert not imported & {"typing", "pathlib"}
     assert ("argparse" not in imported) is lean
+    assert ("supervisor.client.reconnect" not in imported) is lean  # read only on a failure
