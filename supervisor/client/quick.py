@@ -35,7 +35,7 @@ _LIST_OPTIONS: dict[str, tuple[str, bool, Any]] = {
     "--json": ("json", False, None),
 }
 _SHOW_OPTIONS: dict[str, tuple[str, bool, Any]] = {"--json": ("json", False, None)}
-APPEND = list  # the converter of a repeatable option: each value is appended
+APPEND = list  # the converter of a repeatable option: each value is appended (_options)
 # parser.add_job_options: what `submit` and `run` share, and its defaults.
 JOB_OPTIONS: dict[str, tuple[str, bool, Any]] = {
     "--gpus": ("gpus", True, int),
@@ -119,13 +119,10 @@ def _options(
         got = _value(args, i, name)
         if got is None:
             return None
-        if convert is APPEND:
-            out[attr] = [*(out.get(attr) or []), got[0]]
-        else:
-            try:
-                out[attr] = convert(got[0])
-            except ValueError:
-                return None
+        try:
+            out[attr] = [*(out[attr] or []), got[0]] if convert is list else convert(got[0])
+        except ValueError:
+            return None
         i = got[1]
     return positionals
 

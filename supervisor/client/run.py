@@ -55,12 +55,10 @@ def _pump(client: Client, job_id: int, stream: str, offset: int, out: BinaryIO) 
     return reply["offset"], bool(reply["done"])
 
 
-def _stream(client: Client, job_id: int) -> dict[str, Any] | None:
-    """Copy both streams until the job has ended and both are read; the job's view when
-    a `wait` saw it end (None when the logs said so first)."""
+def _stream(client: Client, job_id: int) -> None:
+    """Copy both streams until the job has ended and both are read."""
     offsets = {"stdout": 0, "stderr": 0}
     outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-    ended: dict[str, Any] | None = None
     moved = False
     while True:
         if not moved:
@@ -68,9 +66,7 @@ def _stream(client: Client, job_id: int) -> dict[str, Any] | None:
             # is read once, when it has ended, and its end reaches the terminal as soon
             # as `submit --wait` would see it. Output that comes in the meantime waits
             # at most POLL_S.
-            reply = client.call({"type": "wait", "ids": [job_id], "timeout_s": POLL_S})
-            if not reply["timed_out"]:
-                ended = reply["jobs"][0]
+            client.call({"type": "wait", "ids": [job_id], "timeout_s": POLL_S})
         moved, done = False, True
         for stream in offsets:
             before = offsets[stream]
@@ -78,7 +74,7 @@ def _stream(client: Client, job_id: int) -> dict[str, Any] | None:
             moved |= offsets[stream] != before
             done &= finished
         if done:
-            return ended
+            return
 
 
 def cmd_run(client: Client, a: argparse.Namespace) -> int:
@@ -95,10 +91,8 @@ def cmd_run(client: Client, a: argparse.Namespace) -> int:
     try:
         job_id = int(client.call(request)["ids"][0])
         client.replay = [request]
-        ended = _stream(client, job_id)
-        if ended is None:
-            ended = client.call({"type": "show", "ids": [job_id]})["job"]
-        return exit_status(ended)
+        _stream(client, job_id)
+        return exit_status(client.call({"type": "show", "ids": [job_id]})["job"])
     except _Stopped as stop:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cancel
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
