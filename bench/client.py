@@ -4,6 +4,7 @@ venv where gpusv is laid out as installing its wheel would."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -15,7 +16,7 @@ from typing import Any
 
 import supervisor
 
-from .harness import BIN, PY, BenchDaemon, summary, time_command
+from .harness import BIN, PY, BenchDaemon, summary
 
 
 def _import_ms(d: BenchDaemon) -> float:
@@ -83,30 +84,50 @@ def installed_venv(root: Path) -> Path:
     return venv
 
 
-def measure_client(d: BenchDaemon, runs: int) -> dict[str, Any]:
-    """p50/p95 wall (ms) of each command over `runs` runs against an idle daemon. The
-    installed `gpusv list` runs right after the editable one: both list the same jobs."""
+def measure_client(d: BenchDaemon, runs: int, warmup: int = 2) -> dict[str, Any]:
+    """p50/p95 wall (ms) of each command over `runs` runs against an idle daemon, and the
+    p50 of its CPU (user + system, ms), the figure a loaded machine disturbs least. The
+    commands take turns run by run, so that a change in the machine's load falls on all
+    of them alike and the differences between them hold."""
     env, cwd = d.env, d.root
     installed = str(installed_venv(d.root) / "bin" / "gpusv")
+    g = str(BIN / "gpusv")
+    commands = {
+        "bare_interpreter": [PY, "-I", "-S", "-c", "pass"],
+        "interpreter_with_site": [PY, "-c", "pass"],
+        "installed_interpreter_with_site": [str(Path(installed).parent / "python3"), "-c", "pass"],
+        "gpusv_submit": [g, "submit", "--gpus", "0", "--", "true"],
+        "gpusv_list": [g, "list"],
+        "installed_list": [installed, "list"],
+        "module_submit": [PY, "-m", "supervisor.client.cli", "submit", "--gpus", "0", "--", "true"],
+        "module_list": [PY, "-m", "supervisor.client.cli", "list"],
+        "installed_submit": [installed, "submit", "--gpus", "0", "--", "true"],
+        "installed_submit_wait": [installed, "submit", "--gpus", "0", "--wait", "--", "true"],
+        "installed_run": [installed, "run", "--gpus", "0", "--", "true"],
+    }
+    walls: dict[str, list[float]] = {key: [] for key in commands}
+    cpus: dict[str, list[float]] = {key: [] for key in commands}
+    for i in range(warmup + runs):
+        for key, argv in commands.items():
+            wall, cpu = _timed(argv, env, cwd)
+            if i >= warmup:
+                walls[key].append(wall)
+                cpus[key].append(cpu)
     out: dict[str, Any] = {}
-    for key, argv in (
-        ("bare_interpreter", [PY, "-I", "-S", "-c", "pass"]),
-        ("interpreter_with_site", [PY, "-c", "pass"]),
-        (
-            "installed_interpreter_with_site",
-            [str(Path(installed).parent / "python3"), "-c", "pass"],
-        ),
-        ("gpusv_submit", [str(BIN / "gpusv"), "submit", "--gpus", "0", "--", "true"]),
-        ("gpusv_list", [str(BIN / "gpusv"), "list"]),
-        ("installed_list", [installed, "list"]),
-        (
-            "module_submit",
-            [PY, "-m", "supervisor.client.cli", "submit", "--gpus", "0", "--", "true"],
-        ),
-        ("module_list", [PY, "-m", "supervisor.client.cli", "list"]),
-        ("installed_submit", [installed, "submit", "--gpus", "0", "--", "true"]),
-    ):
-        out[key] = summary(time_command(argv, env, runs, cwd))
+    for key in commands:
+        out[key] = {**summary(walls[key]), "cpu_p50": summary(cpus[key])["p50"]}
     out["gpusv_submit_to_request"] = summary(_to_request(d, runs))
     out["cli_import_ms"] = _import_ms(d)
     return out
+
+
+def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Wall and CPU seconds (the child's user + system) of one run of `argv`."""
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
+    _pid, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {child.returncode}")
+    return wall, usage.ru_utime + usage.ru_stime

@@ -222,9 +222,12 @@ def rows(r: Results) -> list[tuple[str, str]]:
         ("installed_interpreter_with_site", "installed: python -c pass (with site)"),
         ("installed_list", "installed: gpusv list"),
         ("installed_submit", "installed: gpusv submit"),
+        ("installed_submit_wait", "installed: gpusv submit --wait -- true"),
+        ("installed_run", "installed: gpusv run -- true"),
     ):
         if key in c:
-            out.append((label, _ms(c[key])))
+            cpu = c[key].get("cpu_p50") if isinstance(c[key], dict) else None
+            out.append((label, _ms(c[key]) + ("" if cpu is None else f", CPU {cpu:.1f} ms")))
     if "cli_import_ms" in c:
         out.append(("import supervisor.client.cli", f"{c['cli_import_ms']} ms"))
     lat = r.get("latency") or {}

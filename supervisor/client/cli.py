@@ -1,9 +1,10 @@
 """gpusv: the command-line client.
 
 Every command pays for what is imported before it runs, so this module imports only the
-connection at its top. `list` and `show` take a lean path (quick.py) that skips argparse;
-every other command line goes through the parser (parser.py), which names the module
-that runs it, and only that module is imported.
+connection at its top. The plain spellings of `list`, `show`, `submit` and `run` take a
+lean path (quick.py) that skips argparse; every other command line goes through the
+parser (parser.py), which names the module that runs it, and only that module is
+imported.
 
 Exit codes: 0 success, 1 the daemon said no, 2 bad usage, 3 the daemon cannot be reached;
 `wait`, `run` and `submit --wait` exit with the job's own status, 124 when `wait` timed
@@ -21,7 +22,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: every co
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
-    from pathlib import Path
     from typing import NoReturn
 
 EXIT_NO = 1
@@ -77,8 +77,10 @@ def is_usage(exc: Refused) -> bool:
     )
 
 
-def _sockets(a: argparse.Namespace) -> list[Path]:
-    from supervisor.wire.locations import client_sockets
+def _sockets(a: argparse.Namespace) -> list[str]:
+    """Where to connect. quick.sockets() is locations.client_sockets() without pathlib
+    (some 3 ms of every command's start); only --config needs the file's `socket` key."""
+    from supervisor.client.quick import sockets
 
     flag = getattr(a, "socket", None)
     config = getattr(a, "config", None)
@@ -88,7 +90,7 @@ def _sockets(a: argparse.Namespace) -> list[Path]:
         from supervisor.wire.locations import config_socket
 
         flag = config_socket(Path(config))
-    return client_sockets(flag, os.environ, os.geteuid())
+    return sockets(flag, os.environ, os.geteuid())
 
 
 def _completion(shell: str) -> int:

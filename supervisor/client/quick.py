@@ -1,11 +1,14 @@
-"""`gpusv list` and `gpusv show` without argparse: the commands typed most often start
-with the connection, json and the renderer only.
+"""`gpusv list`, `show`, `submit` and `run` without argparse: the commands typed most
+often start with the connection, json and their own module only (argparse, and building
+the parser of every command, are some 9 ms of a start).
 
-parse() understands only the plain spellings of these two commands' options and makes
-of them what the parser would (tests/client/test_client.py holds them to that); anything else
-(help, abbreviations, --config, a value that starts with '-', a number int() refuses)
-returns None and goes to the parser. When no socket answers, run() raises NoAnswer and
-the full path tries again, so that the message about what was tried is the usual one.
+parse() understands only the plain spellings of these commands' options and makes of them
+what the parser would (tests/client/test_quick.py holds them to that, and the option
+tables to the parser's); anything else (help, abbreviations, --config, a value that
+starts with '-', a number int() refuses, a command not after `--`, `submit --batch`, which
+reads its commands once) returns None and goes to the parser. When no socket answers,
+run() raises NoAnswer and the full path tries again, so that the message about what was
+tried is the usual one.
 """
 
 from __future__ import annotations
@@ -42,6 +45,47 @@ _LIST_OPTIONS: dict[str, tuple[str, bool, Any]] = {
     "--json": ("json", False, None),
 }
 _SHOW_OPTIONS: dict[str, tuple[str, bool, Any]] = {"--json": ("json", False, None)}
+APPEND = list  # the converter of a repeatable option: each value is appended (_options)
+# parser.add_job_options: what `submit` and `run` share, and its defaults.
+JOB_OPTIONS: dict[str, tuple[str, bool, Any]] = {
+    "--gpus": ("gpus", True, int),
+    "--vram": ("vram", True, str),
+    "--mem": ("mem", True, str),
+    "--mem-key": ("mem_key", True, str),
+    "--mem-scale": ("mem_scale", True, float),
+    "--name": ("name", True, str),
+    "--label": ("label", True, APPEND),
+    "--retries": ("retries", True, int),
+    "--gpu-hang-retries": ("gpu_hang_retries", True, int),
+    "--progress-timeout": ("progress_timeout", True, str),
+    "--progress-regex": ("progress_regex", True, str),
+    "--stall-timeout": ("stall_timeout", True, str),
+    "--priority": ("priority", True, int),
+    "--after": ("after", True, APPEND),
+    "--after-any": ("after_any", True, APPEND),
+    "--share": ("share", False, None),
+    "--time": ("time", True, str),
+    "--cards": ("cards", True, str),
+    "--not-cards": ("not_cards", True, str),
+}
+_JOB_DEFAULTS = {"gpus": 1, "name": "", "priority": 0, "share": False}  # the rest: None
+SUBMIT_OPTIONS: dict[str, tuple[str, bool, Any]] = {
+    **JOB_OPTIONS,
+    "--dry-run": ("dry_run", False, None),
+    "--request-id": ("request_id", True, str),
+    "--array": ("array", True, str),
+    "--max-running": ("max_running", True, int),
+    "--wait": ("wait", False, None),
+    "--json": ("json", False, None),
+    "--batch": ("batch", True, str),
+}
+_SUBMIT_DEFAULTS = {"dry_run": False, "wait": False, "json": False}
+_COMMANDS = {  # the lean commands: their options and the function the parser names
+    "list": (_LIST_OPTIONS, "commands.cmd_list"),
+    "show": (_SHOW_OPTIONS, "commands.cmd_show"),
+    "submit": (SUBMIT_OPTIONS, "commands.cmd_submit"),
+    "run": (JOB_OPTIONS, "run.cmd_run"),
+}
 # Path.exists() says "absent" for these and raises for the others; so does _exists().
 _ABSENT_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 SYSTEM_SOCKET = "/run/gpusvd/gpusvd.sock"  # locations.SYSTEM_SOCKET, without pathlib
@@ -95,7 +139,7 @@ def _options(
 
 
 def parse(args: list[str]) -> SimpleNamespace | None:
-    """What the parser makes of `gpusv [--socket PATH] list|show ...`, or None."""
+    """What the parser makes of `gpusv [--socket PATH] list|show|submit|run ...`, or None."""
     out: dict[str, Any] = dict(_GLOBAL)
     i = 0
     while i < len(args) and args[i].startswith("--socket"):
@@ -103,20 +147,33 @@ def parse(args: list[str]) -> SimpleNamespace | None:
         if got is None:
             return None
         out["socket"], i = got
-    if i >= len(args) or args[i] not in ("list", "show"):
+    if i >= len(args) or args[i] not in _COMMANDS:
         return None
-    out["cmd"] = args[i]
-    if args[i] == "list":
-        out.update(_LIST_DEFAULTS, array=None, json=False, fn="commands.cmd_list")
-        return SimpleNamespace(**out) if _options(args, i + 1, _LIST_OPTIONS, out) == [] else None
-    out.update(json=False, fn="commands.cmd_show")
-    ids = _options(args, i + 1, _SHOW_OPTIONS, out)
-    if ids is None or len(ids) != 1:
+    cmd = out["cmd"] = args[i]
+    options, out["fn"] = _COMMANDS[cmd]
+    if cmd == "list":
+        out.update(_LIST_DEFAULTS, array=None, json=False)
+        return SimpleNamespace(**out) if _options(args, i + 1, options, out) == [] else None
+    if cmd == "show":
+        out.update(json=False)
+        ids = _options(args, i + 1, options, out)
+        if ids is None or len(ids) != 1:
+            return None
+        try:
+            out["id"] = int(ids[0])
+        except ValueError:
+            return None
+        return SimpleNamespace(**out)
+    # submit and run: the command follows `--`, which the parser keeps as its first word
+    rest = args[i + 1 :]
+    end = rest.index("--") if "--" in rest else len(rest)
+    out.update(dict.fromkeys(attr for attr, _, _ in options.values()), **_JOB_DEFAULTS)
+    if cmd == "submit":
+        out.update(_SUBMIT_DEFAULTS)
+    out["label"] = []  # --label appends to the parser's default, an empty list
+    if _options(rest[:end], 0, options, out) != [] or out.get("batch") is not None:
         return None
-    try:
-        out["id"] = int(ids[0])
-    except ValueError:
-        return None
+    out["command"] = rest[end:]
     return SimpleNamespace(**out)
 
 
@@ -145,13 +202,19 @@ def sockets(flag: str | None, env: Mapping[str, str], uid: int) -> list[str]:
     return [own, SYSTEM_SOCKET] if _exists(own) else [SYSTEM_SOCKET]
 
 
-def run(a: SimpleNamespace) -> int:
+def run(lean: SimpleNamespace) -> int:
     from supervisor.client import commands
     from supervisor.client.connection import Client, Unreachable
 
+    a: Any = lean  # what the parser would have made: each command reads it as its own
     client = Client(sockets(a.socket, os.environ, os.geteuid()), connect_timeout=None)
     try:
-        return commands.cmd_list(client, a) if a.cmd == "list" else commands.cmd_show(client, a)
+        if a.cmd == "run":
+            from supervisor.client.run import cmd_run
+
+            return cmd_run(client, a)
+        function = {"list": commands.cmd_list, "show": commands.cmd_show}
+        return function.get(a.cmd, commands.cmd_submit)(client, a)
     except Unreachable as exc:
         if exc.maybe_sent or exc.waited:  # it went as far as the full path would
             raise

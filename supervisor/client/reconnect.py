@@ -10,17 +10,21 @@ means no daemon is coming: a command fails at once, unless systemd says gpusvd's
 starting (`activating`), which covers the start of the system daemon, before its first
 socket exists.
 
-`list` and `show` (quick.py) import it only once a connection has failed: the commands
-typed most often pay nothing for it while their daemon answers.
+The lean commands (quick.py: `list`, `show`, `submit`, `run`) import it only once a
+connection has failed: the commands typed most often pay nothing for it while their
+daemon answers.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from supervisor.wire.durations import parse_duration
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (some 3 ms a start)
+if TYPE_CHECKING:
+    from typing import Any
 
 CONNECT_TIMEOUT_ENV = "GPUSV_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 60.0  # systemd's RestartSec (5 s) and a slow start, with room

@@ -10,18 +10,22 @@ job, tied to the new connection) and reads on from the offsets it had reached.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
-from typing import TYPE_CHECKING, Any, BinaryIO
 
 from supervisor.client.connection import Client
 from supervisor.client.submitting import command_of, exit_status, job_options
 from supervisor.wire.sizes import ConfigError
 
+# No typing, and _signal rather than signal.py (which builds three IntEnums when
+# imported), at run time: `run` starts as soon as `submit` does.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import argparse
+    import signal
     from types import FrameType
+    from typing import Any, BinaryIO
+else:
+    import _signal as signal
 
 
 POLL_S = 0.1
@@ -52,19 +56,25 @@ def _pump(client: Client, job_id: int, stream: str, offset: int, out: BinaryIO) 
 
 
 def _stream(client: Client, job_id: int) -> None:
+    """Copy both streams until the job has ended and both are read."""
     offsets = {"stdout": 0, "stderr": 0}
     outs = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    moved = False
     while True:
+        if not moved:
+            # Not a sleep: the daemon answers the moment the job ends, so a short job
+            # is read once, when it has ended, and its end reaches the terminal as soon
+            # as `submit --wait` would see it. Output that comes in the meantime waits
+            # at most POLL_S.
+            client.call({"type": "wait", "ids": [job_id], "timeout_s": POLL_S})
         moved, done = False, True
         for stream in offsets:
             before = offsets[stream]
-            offsets[stream], ended = _pump(client, job_id, stream, before, outs[stream])
+            offsets[stream], finished = _pump(client, job_id, stream, before, outs[stream])
             moved |= offsets[stream] != before
-            done &= ended
+            done &= finished
         if done:
             return
-        if not moved:
-            time.sleep(POLL_S)
 
 
 def cmd_run(client: Client, a: argparse.Namespace) -> int:

@@ -68,6 +68,19 @@ WORDS = [
     "-h",
     "--help",
     "--version",
+    "--gpus",
+    "--gpus=0",
+    "--label",
+    "--label=a=b",
+    "--after=3",
+    "--share",
+    "--wait",
+    "--mem-scale",
+    "1.5",
+    "--name",
+    "--batch",
+    "--dry-run",
+    "true",
 ]
 
 
@@ -82,7 +95,7 @@ def parsed_by_argparse(args: list[str]) -> dict[str, object] | None:
 
 @settings(max_examples=400, deadline=None)
 @given(
-    st.sampled_from([[], ["list"], ["show"], ["--socket", "/s.sock", "list"]]),
+    st.sampled_from([[], ["list"], ["show"], ["--socket", "/s.sock", "list"], ["submit"], ["run"]]),
     st.lists(st.sampled_from(WORDS), max_size=6),
 )
 def test_the_lean_path_reads_a_command_line_as_the_parser_does_or_not_at_all(
@@ -104,6 +117,11 @@ def test_the_lean_path_reads_a_command_line_as_the_parser_does_or_not_at_all(
         ["list", "--name", "enc-*", "--label", "kind=enc", "--label=codec=av1"],
         ["show", "7"],
         ["--socket", "/s.sock", "show", "--json", "7"],
+        ["submit", "--", "true"],
+        ["submit", "--gpus", "0", "--wait", "--", "sh", "-c", "echo --gpus"],
+        ["submit", "--label", "a=b", "--label=c=d", "--after", "1", "--", "x", "--", "y"],
+        ["--socket", "/s.sock", "submit", "--mem", "2G", "--array=0-9%2", "--json", "--", "t"],
+        ["run", "--gpus=2", "--name", "train", "--time", "2h", "--", "python", "train.py"],
     ],
 )
 def test_the_everyday_spellings_take_the_lean_path(args: list[str]) -> None:
@@ -124,11 +142,38 @@ def test_the_everyday_spellings_take_the_lean_path(args: list[str]) -> None:
         ["show", "1", "2"],
         ["show", "x"],
         ["list", "--", "x"],
-        ["submit", "--", "true"],
+        ["submit", "true"],
+        ["submit", "--batch", "-"],
+        ["submit", "--gp", "0", "--", "true"],
+        ["submit", "--priority", "-5", "--", "true"],
+        ["run", "--wait", "--", "true"],
     ],
 )
 def test_what_the_lean_path_does_not_read_goes_to_the_parser(args: list[str]) -> None:
     assert quick.parse(args) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "table"), [("submit", quick.SUBMIT_OPTIONS), ("run", quick.JOB_OPTIONS)]
+)
+def test_the_lean_option_tables_are_the_parsers(
+    command: str, table: dict[str, tuple[str, bool, object]]
+) -> None:
+    """Every long option of the parser's `submit` and `run`, with its dest, whether it
+    takes a value and how the value is read, and no other."""
+    sub = next(a for a in parser()._actions if a.dest == "cmd")
+    theirs = {}
+    for action in sub.choices[command]._actions:  # type: ignore[index]
+        for option in action.option_strings:
+            if option.startswith("--") and option != "--help":
+                convert = quick.APPEND if type(action).__name__ == "_AppendAction" else action.type
+                takes_value = action.nargs != 0
+                theirs[option] = (
+                    action.dest,
+                    takes_value,
+                    convert or (str if takes_value else None),
+                )
+    assert table == theirs
 
 
 def test_the_lean_path_finds_the_sockets_locations_finds(
@@ -217,3 +262,35 @@ def _answer(server: socket.socket, answers: list[dict[str, object]]) -> None:
             while not data.endswith(b"\n"):
                 data += conn.recv(1 << 16)
             conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "lean"),
+    [(["submit", "--", "true"], True), (["submit", "--priority", "-1", "--", "true"], False)],
+)
+def test_submit_imports_neither_typing_nor_pathlib(
+    tmp_path: Path, args: list[str], lean: bool
+) -> None:
+    """A plain submit takes the lean path (no argparse); one the parser reads pays for
+    argparse, but not for pathlib (the socket search) or typing (the reconnect rules)."""
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        answers = [{"ok": True, "ids": [5]}]
+        thread = threading.Thread(target=_answer, args=(server, answers), daemon=True)
+        thread.start()
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, "--socket", str(path), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={k: v for k, v in os.environ.items() if k != "GPUSV_SOCKET"},
+        )
+        thread.join(30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "5\n"
+    imported = set(done.stderr.split())
+    assert not imported & {"typing", "pathlib"}
+    assert ("argparse" not in imported) is lean
+    assert ("supervisor.client.reconnect" not in imported) is lean  # read only on a failure
