@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,7 +74,10 @@ def _install(m: Machine) -> None:
         f"--disable-pip-version-check --no-index --find-links {INSIDE_WORK}/wheels gpusv",
         timeout=300,
     )
-    m.sh(f"install -m 644 {shlex.quote(str(REPO / 'systemd/gpusvd.service'))} /etc/systemd/system/")
+    # The checkout may lie under /tmp, which the machine has a private one of: the unit
+    # reaches it through the work dir, as the wheels do.
+    shutil.copy(REPO / "systemd/gpusvd.service", m.work / "gpusvd.service")
+    m.sh(f"install -m 644 {INSIDE_WORK}/gpusvd.service /etc/systemd/system/")
     m.sh("systemctl daemon-reload")
 
 
