@@ -14,8 +14,11 @@ keeper itself in `<scope>/keeper`), `TasksMax=infinity` as the unit has, and ord
 
 A keeper whose scope exists already (it serves, or a keeper that died left jobs in it)
 is started inside that scope's cgroup instead: its jobs' root stays where the jobs are.
-Where there is no systemd, the daemon is no service, or the manager refuses, keepers
-start as before, beside the daemon.
+Where there is no systemd, the daemon is no service's own process, or the manager
+refuses, keepers start as before, beside the daemon. A gpusvd that is only a descendant
+of a service (a private one in a Slurm job, whose cgroup v1 plugin leaves the job in
+slurmd.service's cgroup2 group) must not ask for scopes: its keepers would leave the
+allocation it was started in.
 """
 
 from __future__ import annotations
@@ -66,15 +69,32 @@ class Scope:
         ]
 
 
+def service_main(
+    pid: int | None = None, ppid: int | None = None, env: dict[str, str] | None = None
+) -> bool:
+    """Whether this process is the one its unit's manager started: the pid systemd put
+    in SYSTEMD_EXEC_PID (248 and later), else, for an older systemd, a child of PID 1."""
+    exec_pid = (os.environ if env is None else env).get("SYSTEMD_EXEC_PID")
+    if exec_pid is not None:
+        return exec_pid == str(os.getpid() if pid is None else pid)
+    return (os.getppid() if ppid is None else ppid) == 1
+
+
 def plan(
-    cgroup2: Path | None, euid: int | None = None, running: Path = SYSTEMD_RUNNING
+    cgroup2: Path | None,
+    euid: int | None = None,
+    running: Path = SYSTEMD_RUNNING,
+    main: bool | None = None,
 ) -> Scope | None:
     """The scope for a keeper whose jobs' cgroups the daemon would put at `cgroup2`
     (`<unit's cgroup>/gpusv-<tag>/keeper-<name>`, daemon/cgroups.keeper_roots), or None
     where keepers stay beside the daemon: no cgroup there, systemd not PID 1, or the
     daemon not a service of the manager it may ask (root: the system's; a user: the
-    one of its own user@UID.service)."""
+    one of its own user@UID.service), or not that service's own process (`main`, by
+    default service_main())."""
     if cgroup2 is None or not running.is_dir():
+        return None
+    if not (service_main() if main is None else main):
         return None
     unit_dir = cgroup2.parent.parent
     slice_dir = unit_dir.parent

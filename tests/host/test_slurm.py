@@ -3,6 +3,7 @@ wrap `gpusv run`, as docs/scaling.md tells an operator to."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ SlurmUser=slurm
 StateSaveLocation=/var/lib/slurm/slurmctld
 SlurmdSpoolDir=/var/lib/slurm/slurmd
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/cgroup
 SelectType=select/cons_tres
 ReturnToService=2
 InactiveLimit=0
@@ -34,8 +35,12 @@ NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=2000 State=UNKNOWN
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 # slurmd sees the kernel's v1 hierarchies in /proc/self/cgroup beside the machine's
-# cgroup2 and refuses that as "Hybrid mode"; the v1 plugin serves proctrack/linuxproc.
-CGROUP_CONF = "CgroupPlugin=cgroup/v1\n"
+# cgroup2 and refuses that as "Hybrid mode"; the v1 plugin serves proctrack/linuxproc,
+# and task/cgroup limits a job's memory (--mem) in the v1 memory hierarchy, mounted
+# for it at V1_MOUNT (the machine's /sys/fs/cgroup is its cgroup2, which here has no
+# memory controller to give).
+V1_MOUNT = "/run/slurm-cgroup"
+CGROUP_CONF = f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={V1_MOUNT}\nConstrainRAMSpace=yes\n"
 HEALTH = "HealthCheckProgram=/etc/slurm/gpusv-healthcheck\nHealthCheckInterval=1\n"
 HEALTH += "HealthCheckNodeState=ANY\n"
 
@@ -77,12 +82,19 @@ def slurm_node(machine: Machine) -> Iterator[Slurm]:
     machine.sh(
         "mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd && chown -R slurm: /var/lib/slurm"
     )
-    machine.sh("systemctl start munge slurmctld slurmd", timeout=120)
-    machine.wait_for(lambda: s.state() == "idle", "the Slurm node to be idle")
+    machine.sh(f"mkdir -p {V1_MOUNT}/memory && mount -t cgroup -o memory cgroup {V1_MOUNT}/memory")
     try:
+        machine.sh("systemctl start munge slurmctld slurmd", timeout=120)
+        machine.wait_for(lambda: s.state() == "idle", "the Slurm node to be idle")
         yield s
     finally:
         machine.sh("systemctl stop slurmd slurmctld munge", check=False, timeout=120)
+        # The hierarchy is the host's own: no group of Slurm's may outlive the suite.
+        machine.sh(
+            f"find {V1_MOUNT}/memory -mindepth 1 -depth -type d -exec rmdir {{}} + ; "
+            f"umount {V1_MOUNT}/memory",
+            check=False,
+        )
 
 
 @pytest.fixture
@@ -179,3 +191,54 @@ def test_gpusv_health_as_health_check_program_drains_and_resumes_the_node(
         slurm.configure()
         slurm.m.sh("scontrol reconfigure", check=False)
         slurm.m.sh(f"scontrol update nodename={slurm.host} state=resume", check=False)
+
+
+def test_a_private_gpusvd_in_an_allocation_admits_against_its_memory_limit(
+    slurm: Slurm, gpusvd: Gpusvd
+) -> None:
+    """docs/scaling.md's batch script in a 400 MiB allocation on a 24 GiB machine: two
+    300 MiB jobs on two free cards run one after the other, held for host RAM."""
+    slurm.m.sh("rm -rf /tmp/alloc-* /tmp/gpusv-*")
+    docs = (REPO / "docs/scaling.md").read_text()
+    script = docs.split("A Slurm batch job running a private gpusvd", 1)[1]
+    script = script.split("```sh\n", 1)[1].split("```", 1)[0]
+    sweep = "gpusv submit --wait --batch sweep.txt --gpus 1 --mem 24G\n"
+    line = 'sh -c "cat /proc/self/cgroup >> /tmp/alloc-cgroups; sleep 2"'
+    assert sweep in script
+    script = script.replace(
+        sweep,
+        f"printf '{line}\\n{line}\\n' > sweep.txt\n"
+        "gpusv metrics > /tmp/alloc-metrics.txt\n"
+        "gpusv submit --batch sweep.txt --gpus 1 --mem 300M > ids.txt\n"
+        "for i in $(seq 100); do gpusv list --json > /tmp/alloc-held.json\n"
+        "  grep -q 'waiting for host RAM' /tmp/alloc-held.json && break; sleep 0.1; done\n"
+        "gpusv wait $(cat ids.txt)\n"
+        "gpusv list --all --json > /tmp/alloc-list.json\n",
+    )
+    daemon = "--kernel-log off &\n"
+    assert daemon in script
+    script = script.replace(daemon, "--kernel-log off --simulate-gpus 2x24G &\n")  # no cards here
+    slurm.m.write("/tmp/alloc.sh", script)
+    job = slurm.sbatch("sh /tmp/alloc.sh", "--mem=400", "--chdir=/tmp")
+    ended = slurm.wait_job(job, timeout_s=120)
+    out = slurm.m.sh(f"cat /tmp/slurm-{job}.out", check=False).stdout
+    assert ended["ExitCode"] == "0:0", out
+    metrics = slurm.m.sh("cat /tmp/alloc-metrics.txt").stdout
+    limit = re.search(r"^gpusv_host_memory_limit_bytes (\S+)$", metrics, re.M)
+    assert limit is not None, metrics
+    assert 0 < float(limit[1]) <= 400 * 1024 * 1024, limit[0]
+    held = json.loads(slurm.m.sh("cat /tmp/alloc-held.json").stdout)
+    why = [j["waiting_for"] for j in held if j["waiting_for"]]
+    assert len(why) == 1 and why[0].startswith("waiting for host RAM: needs ~0.3 GiB"), held
+    jobs = json.loads(slurm.m.sh("cat /tmp/alloc-list.json").stdout)
+    spans = sorted((j["started_at"], j["ended_at"]) for j in jobs)
+    assert [j["state"] for j in jobs] == ["succeeded", "succeeded"], out
+    assert spans[0][1] <= spans[1][0], f"ran side by side in 400 MiB: {spans}"
+    assert all(j["exit_code"] == 0 for j in jobs), out
+    # Both the v1 memory group and the cgroup2 group are the allocation's (slurmd's, for
+    # the v1 plugin): no job of a private gpusvd leaves them for a scope of its own.
+    groups = slurm.m.sh("cat /tmp/alloc-cgroups").stdout.splitlines()
+    memory = [g for g in groups if ":memory:" in g]
+    unified = [g for g in groups if g.startswith("0::")]
+    assert len(memory) == 2 and all(f"/job_{job}/" in g for g in memory), groups
+    assert len(unified) == 2 and all("/slurmd.service/" in g for g in unified), groups

@@ -36,22 +36,21 @@ def _memory_dirs(proc: Path) -> list[tuple[Path, str]]:
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hid == "0" and not controllers:
-            mount = _mount(mounts, "cgroup2", None)
-            name = "memory.max"
+            candidates, name = _mounts(mounts, "cgroup2", None), "memory.max"
         elif "memory" in controllers.split(","):
-            mount = _mount(mounts, "cgroup", "memory")
-            name = "memory.limit_in_bytes"
+            candidates, name = _mounts(mounts, "cgroup", "memory"), "memory.limit_in_bytes"
         else:
             continue
-        if mount is not None:
-            root, point = mount
-            relative = os.path.relpath(path, root) if path.startswith(root) else path
-            found.append((Path(point) / relative.lstrip("/"), name))
+        directory = _holding(candidates, path)
+        if directory is not None:
+            found.append((directory, name))
     return found
 
 
-def _mount(lines: list[str], fstype: str, option: str | None) -> tuple[str, str] | None:
-    """(root within the hierarchy, mount point) of a cgroup filesystem in mountinfo."""
+def _mounts(lines: list[str], fstype: str, option: str | None) -> list[tuple[str, str]]:
+    """(root within the hierarchy, mount point) of each mount of a cgroup filesystem in
+    mountinfo, in its order."""
+    found = []
     for line in lines:
         fields = line.split()
         if "-" not in fields:
@@ -61,7 +60,23 @@ def _mount(lines: list[str], fstype: str, option: str | None) -> tuple[str, str]
             continue
         options = fields[sep + 3].split(",") if len(fields) > sep + 3 else []
         if option is None or option in options:
-            return fields[3], fields[4]
+            found.append((fields[3], fields[4]))
+    return found
+
+
+def _holding(mounts: list[tuple[str, str]], path: str) -> Path | None:
+    """The directory of cgroup `path` under the first mount that shows it. A hierarchy
+    may be mounted more than once, and a mount may be out of reach: one made outside
+    this cgroup namespace has a root of "/.." (its path cannot be mapped), and one
+    covered by a later mount on the same point has no such directory to read."""
+    for root, point in mounts:
+        if root.startswith("/.."):
+            continue
+        inside = path == root or path.startswith(root.rstrip("/") + "/")
+        relative = os.path.relpath(path, root) if inside else path
+        directory = Path(point) / relative.lstrip("/")
+        if directory.is_dir():
+            return directory
     return None
 
 

@@ -82,6 +82,30 @@ def test_both_hierarchies_count(tmp_path: Path) -> None:
     assert memory_limit_mb(proc) == 2500
 
 
+def test_a_hierarchy_mounted_twice_is_read_where_it_shows_the_cgroup(tmp_path: Path) -> None:
+    """A Slurm job in a container: the host's mount, made outside this cgroup namespace
+    and covered by the container's own /sys/fs/cgroup, comes first in mountinfo."""
+    covered, own = tmp_path / "sys/memory", tmp_path / "run/memory"
+    limits(own, {"": V1_UNLIMITED, "slurm/job_1": str(400 * MIB), "slurm/job_1/step": V1_UNLIMITED},
+           "memory.limit_in_bytes")  # fmt: skip
+    limits(tmp_path / "elsewhere", {"slurm/job_1/step": str(100 * MIB)}, "memory.limit_in_bytes")
+    proc = proc_dir(
+        tmp_path,
+        "4:memory:/slurm/job_1/step\n",
+        f"54 50 0:32 /../.. {tmp_path}/elsewhere rw - cgroup cgroup rw,memory\n"
+        f"73 69 0:32 / {covered} rw - cgroup cgroup rw,memory\n"
+        f"97 94 0:32 / {own} rw - cgroup cgroup rw,memory\n",
+    )
+    assert memory_limit_mb(proc) == 400
+
+
+def test_a_mount_root_is_a_whole_path_prefix(tmp_path: Path) -> None:
+    mnt = tmp_path / "unified"
+    limits(mnt, {"job_10": str(700 * MIB)}, "memory.max")
+    proc = proc_dir(tmp_path, "0::/job_10\n", f"30 23 0:26 /job_1 {mnt} rw - cgroup2 cgroup2 rw\n")
+    assert memory_limit_mb(proc) == 700
+
+
 @pytest.mark.parametrize(
     ("cgroup", "mountinfo"),
     [
