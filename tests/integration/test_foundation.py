@@ -179,7 +179,9 @@ def test_bad_config_exits_2_naming_the_key(make_daemon: Callable[..., Daemon]) -
 
 
 def test_cli_submit_wait_show_list_and_exit_codes(daemon: Daemon) -> None:
-    job = daemon.cli("submit", "--name", "seven", "--", "sh", "-c", "exit 7", check=False)
+    job = daemon.cli(
+        "submit", "--name", "seven", "--retries", "0", "--", "sh", "-c", "exit 7", check=False
+    )
     assert job.returncode == 0 and job.stdout.strip().isdigit()
     job_id = job.stdout.strip()
     waited = daemon.cli("wait", job_id, check=False)
