@@ -77,7 +77,8 @@ class Server:
         timeout = self.jobs.tick()
         # A turn's lines go out together (Connections.held): what needs no sync (the
         # answers of spawns, started without waiting for the disk) before the turn's
-        # sync, the rest (exits, what waited for the sync, kills answered) after it.
+        # sync, what waited for it (exits) right after it, before the turn's cgroup
+        # removals, and what the timers answered (kills) last.
         self.net.held = True
         while not (self.stopping and not self.net.pending_output()):
             for key, _ in self.sel.select(timeout):
@@ -87,6 +88,7 @@ class Server:
             self._guarded(self._release)
             self._guarded(self.net.flush_held)
             self._guarded(self._sync)
+            self._guarded(self.net.flush_held)
             self._guarded(self._housekeeping)
             timeout = self._guarded_tick()
             self._guarded(self.net.flush_held)
