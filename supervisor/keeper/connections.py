@@ -142,9 +142,10 @@ class Connections:
             self._flush(conn)
 
     def flush_held(self) -> None:
-        """Send what the turn held back so far: one `send` for each connection."""
-        conns, self._to_flush = self._to_flush, []
-        for conn in conns:
+        """Send what the turn held back so far: one `send` for each connection (one that
+        raised leaves the others listed for the next flush, not forgotten)."""
+        while self._to_flush:
+            conn = self._to_flush.pop()
             if not conn.closed and conn.outbox and not conn.writing:
                 self._flush(conn)
 
