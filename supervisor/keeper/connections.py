@@ -48,6 +48,10 @@ class Connections:
         self.sel, self.listener, self.log = sel, listener, log
         self.on_line, self.on_close = on_line, on_close
         self.conns: set[Conn] = set()
+        # Held: what a turn of the loop sends goes out at its end, one `send` a connection
+        # for all of a turn's lines (the server holds while it serves; unheld, at once).
+        self.held = False
+        self._to_flush: list[Conn] = []
         self.paused_until = 0.0  # accept() failed: not listening until then
         listener.setblocking(False)
         sel.register(listener, selectors.EVENT_READ, self.accept)
@@ -131,8 +135,19 @@ class Connections:
     def send(self, conn: Conn, obj: dict[str, Any]) -> None:
         if conn.closed:
             return
+        if not conn.outbox and self.held:
+            self._to_flush.append(conn)
         conn.outbox += _line(obj)
-        self._flush(conn)
+        if not self.held:
+            self._flush(conn)
+
+    def flush_held(self) -> None:
+        """Send what the turn held back so far: one `send` for each connection (one that
+        raised leaves the others listed for the next flush, not forgotten)."""
+        while self._to_flush:
+            conn = self._to_flush.pop()
+            if not conn.closed and conn.outbox and not conn.writing:
+                self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:
         try:
@@ -162,6 +177,9 @@ class Connections:
         if conn.closed:
             return
         conn.closed = True
+        if conn.outbox:  # what the turn held for it goes as it would have gone at once
+            with contextlib.suppress(OSError):
+                conn.sock.send(conn.outbox)
         self.conns.discard(conn)
         self.on_close(conn)
         with contextlib.suppress(KeyError, ValueError):

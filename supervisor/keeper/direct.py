@@ -224,7 +224,7 @@ def _cgroup_mounts() -> dict[str, list[str]]:
 
 
 FOUND_FOR_S = 1.0  # a PATH search is reused this long (one stat), as a shell's hash is
-_found: dict[tuple[str, str, str], tuple[str, float]] = {}  # (name, PATH, cwd) -> path, at
+_found: dict[tuple[str, str | None, str], tuple[str, float]] = {}  # (name, PATH, cwd) -> path, at
 _clock = time.monotonic
 
 
@@ -237,13 +237,14 @@ def _executable(spec: Spec) -> str:
     name = spec.argv[0]
     if "/" in name:
         return name
-    folders = os.get_exec_path(spec.env)
-    key, now = (name, os.pathsep.join(folders), spec.cwd), _clock()
+    # PATH as os.get_exec_path reads it from a str mapping, without the warnings filter
+    # that get_exec_path sets up at each call: the folders are split only on a miss.
+    key, now = (name, spec.env.get("PATH"), spec.cwd), _clock()
     path, at = _found.get(key, ("", 0.0))
     if path and now - at < FOUND_FOR_S and os.access(path, os.X_OK):
         return path
     denied = False
-    for folder in folders:
+    for folder in os.get_exec_path(spec.env):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             if os.access(path, os.X_OK):

@@ -4,8 +4,8 @@ Durability rule: a job's command runs only after its start record is written to 
 journal (the gate), not synced: the page cache outlives a crash of the keeper or gpusvd,
 and a power loss that loses the line ends the process too (journal.py). What another
 party could act on is synced first: an exit is reported only after its record is
-synced, an acknowledgement answered only after the record is gone from the journal on
-disk. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
+synced; an acknowledgement is written, not synced (journal.py), and answered at the
+end of its turn. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
 needs only that attempt's exit written (`ended`), not synced: what starts on the freed
 slot does not wait for the disk, and no one is told of the exit before it is synced.
 A full disk does not hold answers back: an exit the journal keeps in memory is reported

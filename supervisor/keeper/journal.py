@@ -3,9 +3,12 @@
 A start line only has to be written (in the page cache) before its job's command may
 run: that survives a crash of the keeper or of gpusvd, and a power loss that takes the
 line also takes the process it describes (recovery calls an attempt without a record
-`interrupted`, which is then true). Exit and acknowledgement lines must be on disk
-before anyone is told: every such line written in one turn of the keeper's loop reaches
-the disk with one fdatasync, which carries the turn's start lines along.
+`interrupted`, which is then true). Exit lines must be on disk before anyone is told:
+every one written in one turn of the keeper's loop reaches the disk with one fdatasync,
+which carries the turn's other lines along. An acknowledgement needs no sync of its own
+either: gpusvd sends it once the exit is committed on its side, and an ack that a power
+loss takes leaves an ended record that the next gpusvd finds committed already and
+acknowledges again (as after a gpusvd that died between its commit and its ack).
 
 Each line is `#<length> <crc32> <json>`: replay tells a torn last line (a crash
 mid-write, nothing depended on it: cut quietly) from damage in the middle (a line whose
@@ -177,9 +180,9 @@ class Journal:
             self.records.pop(key, None)
 
     def append(self, kind: str, record: Record, **extra: Any) -> None:
-        """Write one line now, whole. A start, and the pid that follows a start recorded
-        before its process existed, need no sync (module docstring); any other line is
-        durable after sync(). A start the file refuses raises OSError with the file as it
+        """Write one line now, whole. A start, the pid that follows a start recorded
+        before its process existed, and an ack need no sync (module docstring); an exit
+        is durable after sync(). A start the file refuses raises OSError with the file as it
         was; any other line is then kept in memory (`pending`) and written at a sync."""
         if kind == "start":
             if self.pending:  # lines must stay in order, and these wait for the disk
@@ -190,7 +193,7 @@ class Journal:
             entry = {"e": kind, "job": record.job, "attempt": record.attempt, **extra}
             line = frame(entry)
             self._apply(entry)  # in memory whatever the disk says: never lost here
-            self._dirty = self._dirty or kind != "pid"
+            self._dirty = self._dirty or kind == "exit"  # the one line told before synced
             if self.pending:
                 self.pending.append(line)
             else:

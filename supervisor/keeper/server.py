@@ -75,15 +75,23 @@ class Server:
 
     def serve(self) -> None:
         timeout = self.jobs.tick()
+        # A turn's lines go out together (Connections.held): what needs no sync (the
+        # answers of spawns, started without waiting for the disk) before the turn's
+        # sync, what waited for it (exits) right after it, before the turn's cgroup
+        # removals, and what the timers answered (kills) last.
+        self.net.held = True
         while not (self.stopping and not self.net.pending_output()):
             for key, _ in self.sel.select(timeout):
                 self._guarded(key.data)
             if self.reap_due:
                 self._guarded(self._reap)
             self._guarded(self._release)
+            self._guarded(self.net.flush_held)
             self._guarded(self._sync)
+            self._guarded(self.net.flush_held)
             self._guarded(self._housekeeping)
             timeout = self._guarded_tick()
+            self._guarded(self.net.flush_held)
             soon = [t for t in (timeout,) if t is not None]
             if self.reap_due:  # the pass failed: try again soon, not only at the next child
                 soon.append(REAP_RETRY_S)
@@ -194,6 +202,8 @@ class Server:
     def _replier(self, conn: Conn, rid: object) -> Callable[[dict[str, Any]], None]:
         def reply(fields: dict[str, Any]) -> None:
             ok = "error" not in fields
+            if ok and rid is None:  # a request sent without an id wants only its failure
+                return
             self.net.send(conn, {"id": rid, "ok": ok, **fields})
 
         return reply

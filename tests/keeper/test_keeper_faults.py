@@ -192,3 +192,19 @@ def test_a_posix_spawn_that_fails_eagain_ends_its_record_and_answers_passing(
         assert jobs.journal.records[(1, 1)].exit_code == 127  # its record ended: no process
     finally:
         cgroup.remove_tree(root)
+
+
+def test_a_request_without_an_id_is_answered_only_when_it_fails(
+    tmp_path: Path, restored_signals: None
+) -> None:
+    """gpusvd sends its acks without an id: nobody waits for their answer."""
+    jobs, _ = _jobs(tmp_path)
+    server, conn, theirs = _server(tmp_path, jobs)
+    server._request(conn, b'{"op": "ping"}')  # succeeds: no answer
+    server._request(conn, b'{"op": "ack", "job": 5, "attempt": 1}')  # fails: answered
+    server._request(conn, b'{"id": 3, "op": "ping"}')
+    theirs.settimeout(10)
+    reader = theirs.makefile("rb")
+    failed, pong = json.loads(reader.readline()), json.loads(reader.readline())
+    assert failed["id"] is None and failed["error"]["code"] == "unknown"
+    assert pong["id"] == 3 and pong["ok"] is True

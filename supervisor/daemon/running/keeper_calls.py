@@ -176,27 +176,32 @@ class Keeper:
         raise KeeperError("timeout", f"keeper {self.name}: no answer to {op} in {limit:g}s")
 
     async def tell(self, op: str, **fields: Any) -> None:
-        """A request whose answer nobody waits for: its id is not kept, so the answer is
-        dropped when it comes."""
+        """A request whose answer nobody waits for, sent without an id: a keeper answers
+        such a request only if it fails (an older one answers `"id": null`, dropped)."""
         if self.gone:
             raise KeeperGone(f"keeper {self.name} is gone")
-        self._next += 1
-        await self._send(self._next, op, fields)
+        await self._send(None, op, fields)
 
-    def _tell_now(self, op: str, fields: dict[str, Any]) -> None:
+    def _tell_now(self, op: str, fields: dict[str, Any], *, answered: bool = False) -> None:
         """`tell`, from a callback: the write needs no await, and a closed connection
-        has dropped whatever it held back anyway."""
-        self._next += 1
+        has dropped whatever it held back anyway. `answered`: with an id, so that the
+        keeper answers it (a ping, whose answer is the point)."""
+        rid = None
+        if answered:
+            self._next += 1
+            rid = self._next
         with contextlib.suppress(KeeperGone):
-            self._write(self._next, op, fields)
+            self._write(rid, op, fields)
 
-    async def _send(self, rid: int, op: str, fields: dict[str, Any]) -> None:
+    async def _send(self, rid: int | None, op: str, fields: dict[str, Any]) -> None:
         self._write(rid, op, fields)
 
-    def _write(self, rid: int, op: str, fields: dict[str, Any]) -> None:
+    def _write(self, rid: int | None, op: str, fields: dict[str, Any]) -> None:
         """One line in the wire's one encoding (framing.encode: what a client sent comes
-        out no longer), refused here, before it is sent, when over the keeper's limit."""
-        line = encode({"id": rid, "op": op, **fields})
+        out no longer), refused here, before it is sent, when over the keeper's limit.
+        Without an id: a request answered only if it fails."""
+        head = {"op": op} if rid is None else {"id": rid, "op": op}
+        line = encode({**head, **fields})
         if len(line) > MAX_KEEPER_LINE:
             message = f"a {op} of {len(line)} bytes, over the keeper's {MAX_KEEPER_LINE}"
             raise KeeperError("too_large", message)
@@ -261,7 +266,7 @@ class Keeper:
         message heard answers it (`_dispatch`)."""
         if self.asked is None and not self.gone and self._back is None:
             self.asked = now
-            self._tell_now("ping", {})
+            self._tell_now("ping", {}, answered=True)
 
     def settle(self, record: Record) -> None:
         """An end gpusvd recorded itself (the keeper did not answer; gpusvd killed the

@@ -31,9 +31,12 @@ async def test_lines_go_out_in_utf8_as_a_client_sends_them_and_over_the_limit_ne
     keeper, t = _keeper()
     await keeper.tell("ping", note="é")
     assert "é".encode() in t.sent[0] and b"\\u00e9" not in t.sent[0]
+    assert "id" not in json.loads(t.sent[0])  # a tell: answered only if it fails
+    keeper.ping(1.0)  # a ping's answer is the point: it goes with an id
+    assert json.loads(t.sent[1])["id"] >= 1
     with pytest.raises(KeeperError) as refused:
         await keeper.call("spawn", env={"BIG": "x" * MAX_KEEPER_LINE}, job=1, attempt=1)
-    assert refused.value.code == "too_large" and len(t.sent) == 1  # nothing sent
+    assert refused.value.code == "too_large" and len(t.sent) == 2  # nothing sent
     assert keeper._replies == {}
 
 

@@ -98,6 +98,7 @@ async def test_an_end_recorded_by_gpusvd_is_only_acknowledged_when_the_keeper_se
     real = {**started.to_json(), "ended_at": 1011.0, "wait_status": 0, "exit_code": 0}
     keeper.wire.data_received(json.dumps({"event": "exit", "job": real}).encode() + b"\n")
     assert _ops(t) == ["ack"] and json.loads(t.sent[0])["job"] == 7
+    assert "id" not in json.loads(t.sent[0])  # nobody waits for its answer: none comes
     assert keeper.settled == set() and (7, 1) not in keeper._ended
 
 
