@@ -68,18 +68,19 @@ def _answer(server: socket.socket, count: int, arrivals: list[float]) -> None:
 
 def installed_venv(root: Path) -> Path:
     """A fresh venv with gpusv laid out as installing its wheel would: the package in
-    site-packages and pip's console-script wrapper (the one pip wrote for this venv's
-    gpusv, its shebang pointed at the new venv). Copied, not built: building a wheel here
-    would need the network. No editable import hook runs at its start. Without pip:
-    ensurepip takes seconds, and setuptools' .pth in a venv that has it adds ~0.5 ms."""
+    site-packages and the checkout's bin/gpusv with its first line pointed at the new
+    venv's interpreter (what pip does to a wheel's `#!python` script). Copied, not built:
+    building a wheel here would need the network. No editable import hook runs at its
+    start. Without pip: ensurepip takes seconds, and setuptools' .pth in a venv that has
+    it adds ~0.5 ms."""
     venv = root / "installed"
     subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python*/site-packages"))
     package = Path(supervisor.__file__).parent
     shutil.copytree(package, site / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
-    wrapper = (BIN / "gpusv").read_text().splitlines(keepends=True)[1:]
+    body = (package.parent / "bin" / "gpusv").read_text().splitlines(keepends=True)[1:]
     script = venv / "bin" / "gpusv"
-    script.write_text(f"#!{venv / 'bin' / 'python3'}\n" + "".join(wrapper))
+    script.write_text(f"#!{venv / 'bin' / 'python3'}\n" + "".join(body))
     script.chmod(0o755)
     return venv
 
