@@ -6,8 +6,6 @@ Standard library only and cheap to import: the CLI parses --time, --timeout and
 
 from __future__ import annotations
 
-import math
-
 from supervisor.wire.sizes import ConfigError, _fail
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -19,6 +17,8 @@ MAX_DURATION_S = 10 * 365 * 86400
 
 def parse_duration(text: str | float, key: str = "duration") -> float:
     """Seconds from "90", "90s", "15m", "2h" or "1d" (or a plain number of seconds)."""
+    import math  # here, as re: `gpusv list` imports this module for duration_text alone
+
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
     else:

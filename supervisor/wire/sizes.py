@@ -5,8 +5,6 @@ Standard library only and cheap to import: the CLI parses --mem and --vram with 
 
 from __future__ import annotations
 
-import math
-
 _MIB = 1024**2
 _UNITS = {"": 1, "K": 1024, "M": _MIB, "G": 1024**3, "T": 1024**4}
 # A trailing "B" or "iB" is tolerated; the units are powers of 1024 whatever the spelling.
@@ -33,7 +31,8 @@ def parse_size(text: str | int, key: str = "size") -> int:
     match = re.fullmatch(_SIZE, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
     if match is None:
         raise _fail(key, "must be a size >= 0 like '24G' (K, M, G, T: powers of 1024)", text)
-    from fractions import Fraction  # here: `gpusv list` reaches this module, never this line
+    import math  # here, as fractions: `gpusv list` reaches this module, never this line
+    from fractions import Fraction
 
     number, unit = match.group(1), (match.group(2) or "").upper()
     return math.ceil(Fraction(number) * _UNITS[unit])

@@ -216,8 +216,9 @@ HEAVY = {
     "supervisor.client.submitting",
 }
 # What the lean commands do without: `re` (with `enum`, about 5 ms of a start), which json's
-# Python modules, shlex, argparse and pip's console-script wrapper would each import.
-NO_RE = {"re", "enum", "json", "shlex", "collections"}
+# Python modules, shlex, argparse and pip's console-script wrapper would each import; and
+# `types` and `math` (a third of a millisecond each).
+NO_RE = {"re", "enum", "json", "shlex", "collections", "types", "math"}
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bin" / "gpusv"  # what installing gpusv puts on the PATH
 PROBE = f"""
