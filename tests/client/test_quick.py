@@ -316,3 +316,40 @@ def test_submit_imports_neither_typing_nor_pathlib_and_a_plain_one_no_re(
     assert ("argparse" not in imported) is lean
     assert (not imported & NO_RE) is lean
     assert ("supervisor.client.reconnect" not in imported) is lean  # read only on a failure
+
+
+def _converse(server: socket.socket, answers: list[dict[str, object]]) -> None:
+    """One connection, one answer to each request on it in turn."""
+    conn, _addr = server.accept()
+    with conn:
+        data = b""
+        for answer in answers:
+            while b"\n" not in data:
+                data += conn.recv(1 << 16)
+            _line, _, data = data.partition(b"\n")
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
+def test_run_imports_no_re(tmp_path: Path) -> None:
+    """`gpusv run` of a short job: its submit, a wait, a read of each stream and the show
+    of its end, on one connection; the output decoded without base64 (which imports re)."""
+    path = tmp_path / "s.sock"
+    answers: list[dict[str, object]] = [
+        {"ok": True, "ids": [5]},
+        {"ok": True, "jobs": [], "timed_out": False},
+        {"ok": True, "data_b64": "aGkK", "offset": 3, "done": True},  # "hi\n"
+        {"ok": True, "data_b64": "", "offset": 0, "done": True},
+        {"ok": True, "job": {"id": 5, "state": "failed", "exit_code": 7}},
+    ]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        thread = threading.Thread(target=_converse, args=(server, answers), daemon=True)
+        thread.start()
+        done = probe(["--socket", str(path), "run", "--", "true"])
+        thread.join(30)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "hi\n"
+    imported = set(done.stderr.split())
+    assert "supervisor.client.run" in imported
+    assert not imported & (HEAVY - {"supervisor.client.submitting"} | NO_RE | {"base64"})
