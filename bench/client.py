@@ -35,7 +35,7 @@ def _import_ms(d: BenchDaemon) -> float:
     return float("nan")
 
 
-def _to_request(d: BenchDaemon, runs: int) -> list[float]:
+def _to_request(d: BenchDaemon, runs: int, gpusv: str = str(BIN / "gpusv")) -> list[float]:
     """From the exec of `gpusv submit` until its request arrives: the CLI's own start-up,
     seen by a stand-in daemon (a socket that answers every request with one id)."""
     path = d.root / "startup.sock"
@@ -48,7 +48,7 @@ def _to_request(d: BenchDaemon, runs: int) -> list[float]:
         sent = []
         for _ in range(runs + 1):  # the first warms the bytecode cache
             sent.append(time.time())
-            argv = [str(BIN / "gpusv"), "--socket", str(path), "submit", "--", "true"]
+            argv = [gpusv, "--socket", str(path), "submit", "--", "true"]
             subprocess.run(argv, env=d.env, cwd=d.root, stdout=subprocess.DEVNULL, check=True)
         thread.join(10)
     Path(path).unlink(missing_ok=True)
@@ -118,6 +118,8 @@ def measure_client(d: BenchDaemon, runs: int, warmup: int = 2) -> dict[str, Any]
     for key in commands:
         out[key] = {**summary(walls[key]), "cpu_p50": summary(cpus[key])["p50"]}
     out["gpusv_submit_to_request"] = summary(_to_request(d, runs))
+    # The installed client's share of a submit's wall, without the daemon's answer.
+    out["installed_submit_to_request"] = summary(_to_request(d, runs, installed))
     out["cli_import_ms"] = _import_ms(d)
     return out
 
