@@ -35,7 +35,7 @@ def _import_ms(d: BenchDaemon) -> float:
     return float("nan")
 
 
-def _to_request(d: BenchDaemon, runs: int) -> list[float]:
+def _to_request(d: BenchDaemon, runs: int, gpusv: str = str(BIN / "gpusv")) -> list[float]:
     """From the exec of `gpusv submit` until its request arrives: the CLI's own start-up,
     seen by a stand-in daemon (a socket that answers every request with one id)."""
     path = d.root / "startup.sock"
@@ -48,7 +48,7 @@ def _to_request(d: BenchDaemon, runs: int) -> list[float]:
         sent = []
         for _ in range(runs + 1):  # the first warms the bytecode cache
             sent.append(time.time())
-            argv = [str(BIN / "gpusv"), "--socket", str(path), "submit", "--", "true"]
+            argv = [gpusv, "--socket", str(path), "submit", "--", "true"]
             subprocess.run(argv, env=d.env, cwd=d.root, stdout=subprocess.DEVNULL, check=True)
         thread.join(10)
     Path(path).unlink(missing_ok=True)
@@ -68,18 +68,19 @@ def _answer(server: socket.socket, count: int, arrivals: list[float]) -> None:
 
 def installed_venv(root: Path) -> Path:
     """A fresh venv with gpusv laid out as installing its wheel would: the package in
-    site-packages and pip's console-script wrapper (the one pip wrote for this venv's
-    gpusv, its shebang pointed at the new venv). Copied, not built: building a wheel here
-    would need the network. No editable import hook runs at its start. Without pip:
-    ensurepip takes seconds, and setuptools' .pth in a venv that has it adds ~0.5 ms."""
+    site-packages and the checkout's bin/gpusv with its first line pointed at the new
+    venv's interpreter (what pip does to a wheel's `#!python` script). Copied, not built:
+    building a wheel here would need the network. No editable import hook runs at its
+    start. Without pip: ensurepip takes seconds, and setuptools' .pth in a venv that has
+    it adds ~0.5 ms."""
     venv = root / "installed"
     subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python*/site-packages"))
     package = Path(supervisor.__file__).parent
     shutil.copytree(package, site / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
-    wrapper = (BIN / "gpusv").read_text().splitlines(keepends=True)[1:]
+    body = (package.parent / "bin" / "gpusv").read_text().splitlines(keepends=True)[1:]
     script = venv / "bin" / "gpusv"
-    script.write_text(f"#!{venv / 'bin' / 'python3'}\n" + "".join(wrapper))
+    script.write_text(f"#!{venv / 'bin' / 'python3'}\n" + "".join(body))
     script.chmod(0o755)
     return venv
 
@@ -117,6 +118,8 @@ def measure_client(d: BenchDaemon, runs: int, warmup: int = 2) -> dict[str, Any]
     for key in commands:
         out[key] = {**summary(walls[key]), "cpu_p50": summary(cpus[key])["p50"]}
     out["gpusv_submit_to_request"] = summary(_to_request(d, runs))
+    # The installed client's share of a submit's wall, without the daemon's answer.
+    out["installed_submit_to_request"] = summary(_to_request(d, runs, installed))
     out["cli_import_ms"] = _import_ms(d)
     return out
 

@@ -4,7 +4,6 @@ as one thing (list, cancel, wait, restart its failed indices)."""
 from __future__ import annotations
 
 import sys
-from collections import Counter
 
 from supervisor.wire.sizes import ConfigError
 
@@ -93,6 +92,8 @@ def array_jobs(client: Client, array: int) -> list[dict[str, Any]]:
 
 def summaries(jobs: list[dict[str, Any]]) -> list[str]:
     """One line per array among `jobs`: its newest job per index, counted by state."""
+    from collections import Counter  # here: a submit imports this module, and not collections
+
     by_array: dict[int, dict[int, dict[str, Any]]] = {}
     for job in sorted(jobs, key=lambda j: j["id"]):
         if job.get("array_id") is not None:

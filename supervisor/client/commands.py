@@ -4,7 +4,6 @@ stderr."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -26,6 +25,8 @@ EXIT_NO = 1
 
 
 def out_json(obj: Any) -> None:
+    import json  # here: json imports re, which a command without --json does without
+
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 

@@ -1,14 +1,14 @@
 """The client side of the socket protocol: one connection, requests one at a time.
 
-Used by the `gpusv` CLI, the bench and the tests. It imports json, time, _socket and the framing
-only (no typing, pathlib or contextlib at run time): every command pays for its imports.
+Used by the `gpusv` CLI, the bench and the tests. It imports time, _socket and the framing
+(with jsonline, json's C codec) only: no typing, pathlib, contextlib or `re` at run time;
+every command pays for its imports.
 Given a `connect_timeout`, a call rides through a daemon restart: it waits for the next
 daemon and sends the request again where that is safe (the policy: reconnect.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 # The socket module's own class, without socket.py: that module builds four IntEnums of
@@ -19,7 +19,7 @@ from _socket import AF_UNIX, SOCK_STREAM
 from _socket import socket as Socket
 from time import monotonic
 
-from supervisor.wire import framing
+from supervisor.wire import framing, jsonline
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class Client:
         except (BrokenPipeError, ConnectionResetError):
             raise closed from None
         line, _, self.buf = self.buf.partition(b"\n")
-        reply: dict[str, Any] = json.loads(line)
+        reply: dict[str, Any] = jsonline.decode(line)
         return reply
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:

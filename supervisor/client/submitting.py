@@ -4,7 +4,6 @@ end into an exit status. Pure, apart from reading the batch file."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 
 from supervisor.wire.durations import parse_duration
@@ -53,6 +52,8 @@ def comment_start(line: str) -> int | None:
 
 def batch_commands(text: str) -> list[tuple[int, list[str]]]:
     """(line number, argv) for each command line, split exactly as a shell splits words."""
+    import shlex  # here: shlex imports re, which a submit without --batch does without
+
     commands = []
     for n, line in enumerate(text.splitlines(), 1):
         cut = comment_start(line)

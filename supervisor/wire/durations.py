@@ -6,22 +6,24 @@ Standard library only and cheap to import: the CLI parses --time, --timeout and
 
 from __future__ import annotations
 
-import math
-import re
-
 from supervisor.wire.sizes import ConfigError, _fail
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-# Compiled at the first parse (re caches it), not at import: `gpusv list` only prints ages.
+# `re` is imported and this compiled at the first parse (re caches it), not at import:
+# `gpusv list` only prints ages, and `re` with its `enum` is about 5 ms of a CLI start.
 _DURATION = r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)"
 MAX_DURATION_S = 10 * 365 * 86400
 
 
 def parse_duration(text: str | float, key: str = "duration") -> float:
     """Seconds from "90", "90s", "15m", "2h" or "1d" (or a plain number of seconds)."""
+    import math  # here, as re: `gpusv list` imports this module for duration_text alone
+
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
     else:
+        import re
+
         match = (
             re.fullmatch(_DURATION, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
         )

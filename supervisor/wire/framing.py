@@ -3,12 +3,13 @@
 Split from protocol.py (requests and their validation) so that a client that only frames
 requests does not pay for importing the validation. The same encoding and limits serve
 every hop: a client to gpusvd, and gpusvd to its keepers (supervisor.keeper imports
-this module, which needs only the standard library).
+this module, which needs only the standard library). It encodes with jsonline (`json`'s C
+codec without `json`'s `re`), which the CLI also decodes its answers with.
 """
 
 from __future__ import annotations
 
-import json
+from supervisor.wire import jsonline
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI imports this
 if TYPE_CHECKING:
@@ -21,10 +22,8 @@ MAX_LINE = 1024 * 1024  # one request line; longer ones are refused unread
 # fits in this, and one that does not is refused by gpusvd before it is sent.
 MAX_KEEPER_LINE = MAX_LINE + 64 * 1024
 
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-
 
 def encode(obj: dict[str, Any]) -> bytes:
     # backslashreplace: a lone surrogate (an undecodable file name in a CLI's argv) goes out
     # as its JSON escape, which the daemon refuses with a typed error, instead of raising.
-    return _encoder.encode(obj).encode("utf-8", "backslashreplace") + b"\n"
+    return jsonline.encode(obj).encode("utf-8", "backslashreplace") + b"\n"

@@ -5,14 +5,11 @@ Standard library only and cheap to import: the CLI parses --mem and --vram with 
 
 from __future__ import annotations
 
-import math
-import re
-
 _MIB = 1024**2
 _UNITS = {"": 1, "K": 1024, "M": _MIB, "G": 1024**3, "T": 1024**4}
 # A trailing "B" or "iB" is tolerated; the units are powers of 1024 whatever the spelling.
-# Compiled at the first parse (re caches it), not at import: the CLI imports this module
-# for ConfigError alone.
+# `re` is imported and this compiled at the first parse (re caches it), not at import: the
+# CLI imports this module for ConfigError alone.
 _SIZE = r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(?:i?B)?|B)?"
 
 
@@ -29,10 +26,13 @@ def parse_size(text: str | int, key: str = "size") -> int:
     """Bytes from "24G", "1.5G", "512M" or "512" (K/M/G/T are powers of 1024)."""
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
+    import re
+
     match = re.fullmatch(_SIZE, text.strip(), re.IGNORECASE) if isinstance(text, str) else None
     if match is None:
         raise _fail(key, "must be a size >= 0 like '24G' (K, M, G, T: powers of 1024)", text)
-    from fractions import Fraction  # here: `gpusv list` reaches this module, never this line
+    import math  # here, as fractions: `gpusv list` reaches this module, never this line
+    from fractions import Fraction
 
     number, unit = match.group(1), (match.group(2) or "").upper()
     return math.ceil(Fraction(number) * _UNITS[unit])

@@ -6,15 +6,18 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shlex
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.client.cli import is_usage, main
 from supervisor.client.connection import Refused
 from supervisor.client.listing import list_request
-from supervisor.client.render import LIST_HEADER, list_lines, run_time, show_lines
+from supervisor.client.render import LIST_HEADER, list_lines, run_time, shell_join, show_lines
 from supervisor.client.usage import did_you_mean
 from supervisor.wire.sizes import ConfigError
 
@@ -159,3 +162,8 @@ def test_a_typed_value_the_daemon_refuses_is_bad_usage() -> None:
     assert not is_usage(Refused("bad_request", "asks for 5 GPUs; this machine has 4"))
     assert not is_usage(Refused("bad_request", "unknown field 'name'"))  # an older daemon
     assert not is_usage(Refused("not_found", "field 'limit': nothing"))
+
+
+@given(st.lists(st.text(), max_size=4) | st.lists(st.text(alphabet="a_@%+=:,./-'\" é$*\t\n")))
+def test_commands_are_quoted_as_shlex_quotes_them(argv: list[str]) -> None:
+    assert shell_join(argv) == shlex.join(argv)

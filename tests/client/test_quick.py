@@ -1,7 +1,7 @@
 """The lean path of `gpusv list` and `gpusv show` (supervisor/client/quick.py): it reads a
 command line as the parser does or leaves it to the parser, finds the sockets that
 locations.client_sockets finds, and imports none of the parser's, pathlib's or typing's
-modules."""
+modules; run as the installed gpusv script, not `re` either."""
 
 from __future__ import annotations
 
@@ -215,17 +215,49 @@ HEAVY = {
     "supervisor.client.parser",
     "supervisor.client.submitting",
 }
-PROBE = """
+# What the lean commands do without: `re` (with `enum`, about 5 ms of a start), which json's
+# Python modules, shlex, argparse and pip's console-script wrapper would each import; and
+# `types` and `math` (a third of a millisecond each).
+NO_RE = {"re", "enum", "json", "shlex", "collections", "types", "math"}
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bin" / "gpusv"  # what installing gpusv puts on the PATH
+PROBE = f"""
 import os, sys
 before = set(sys.modules)
 end = os._exit  # the CLI ends with it: say first what was imported
 os._exit = lambda code: (os.write(2, " ".join(set(sys.modules) - before).encode()), end(code))
-from supervisor.client.cli import main
-main()
+sys.argv[0] = {str(SCRIPT)!r}
+exec(compile(open(sys.argv[0]).read(), sys.argv[0], "exec"), {{"__name__": "__main__"}})
 """
 
 
-def test_list_and_show_import_neither_the_parser_nor_typing_nor_pathlib(tmp_path: Path) -> None:
+def probe(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The gpusv script run with `args`; its stderr names the modules it imported. Without
+    site (-S): an editable install's import hook would import `re` before gpusv starts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUSV_SOCKET", "PYTHONPATH")}
+    return subprocess.run(
+        [sys.executable, "-S", "-c", PROBE, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_the_gpusv_script_is_installed_rather_than_a_console_script_wrapper() -> None:
+    """pip writes a console script's wrapper with `import re`; bin/gpusv is gpusv's own."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["script-files"] == ["bin/gpusv"]
+    assert "gpusv" not in project["project"]["scripts"]
+    assert SCRIPT.read_text().startswith("#!/usr/bin/env python3\n")
+    assert os.access(SCRIPT, os.X_OK)
+
+
+def test_list_and_show_import_neither_the_parser_nor_typing_nor_pathlib_nor_re(
+    tmp_path: Path,
+) -> None:
     """A stand-in daemon answers; the modules each command imported are listed at exit."""
     path = tmp_path / "s.sock"
     job = {"id": 3, "state": "running", "owner_uid": 0, "gpus": [], "gpus_requested": 0}
@@ -239,17 +271,12 @@ def test_list_and_show_import_neither_the_parser_nor_typing_nor_pathlib(tmp_path
         thread = threading.Thread(target=_answer, args=(server, answers), daemon=True)
         thread.start()
         for args in (["list"], ["show", "3"]):
-            done = subprocess.run(
-                [sys.executable, "-c", PROBE, "--socket", str(path), *args],
-                capture_output=True,
-                text=True,
-                check=False,
-                env={k: v for k, v in os.environ.items() if k != "GPUSV_SOCKET"},
-            )
+            done = probe(["--socket", str(path), *args])
             assert done.returncode == 0, done.stderr
             assert "3" in done.stdout and "running" in done.stdout
             imported = set(done.stderr.split())
-            assert "supervisor.client.quick" in imported and not imported & HEAVY
+            assert "supervisor.client.quick" in imported
+            assert not imported & (HEAVY | NO_RE)
         thread.join(30)
     assert not thread.is_alive()
 
@@ -268,7 +295,7 @@ def _answer(server: socket.socket, answers: list[dict[str, object]]) -> None:
     ("args", "lean"),
     [(["submit", "--", "true"], True), (["submit", "--priority", "-1", "--", "true"], False)],
 )
-def test_submit_imports_neither_typing_nor_pathlib(
+def test_submit_imports_neither_typing_nor_pathlib_and_a_plain_one_no_re(
     tmp_path: Path, args: list[str], lean: bool
 ) -> None:
     """A plain submit takes the lean path (no argparse); one the parser reads pays for
@@ -280,17 +307,49 @@ def test_submit_imports_neither_typing_nor_pathlib(
         answers = [{"ok": True, "ids": [5]}]
         thread = threading.Thread(target=_answer, args=(server, answers), daemon=True)
         thread.start()
-        done = subprocess.run(
-            [sys.executable, "-c", PROBE, "--socket", str(path), *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={k: v for k, v in os.environ.items() if k != "GPUSV_SOCKET"},
-        )
+        done = probe(["--socket", str(path), *args])
         thread.join(30)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "5\n"
     imported = set(done.stderr.split())
     assert not imported & {"typing", "pathlib"}
     assert ("argparse" not in imported) is lean
+    assert (not imported & NO_RE) is lean
     assert ("supervisor.client.reconnect" not in imported) is lean  # read only on a failure
+
+
+def _converse(server: socket.socket, answers: list[dict[str, object]]) -> None:
+    """One connection, one answer to each request on it in turn."""
+    conn, _addr = server.accept()
+    with conn:
+        data = b""
+        for answer in answers:
+            while b"\n" not in data:
+                data += conn.recv(1 << 16)
+            _line, _, data = data.partition(b"\n")
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
+def test_run_imports_no_re(tmp_path: Path) -> None:
+    """`gpusv run` of a short job: its submit, a wait, a read of each stream and the show
+    of its end, on one connection; the output decoded without base64 (which imports re)."""
+    path = tmp_path / "s.sock"
+    answers: list[dict[str, object]] = [
+        {"ok": True, "ids": [5]},
+        {"ok": True, "jobs": [], "timed_out": False},
+        {"ok": True, "data_b64": "aGkK", "offset": 3, "done": True},  # "hi\n"
+        {"ok": True, "data_b64": "", "offset": 0, "done": True},
+        {"ok": True, "job": {"id": 5, "state": "failed", "exit_code": 7}},
+    ]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        thread = threading.Thread(target=_converse, args=(server, answers), daemon=True)
+        thread.start()
+        done = probe(["--socket", str(path), "run", "--", "true"])
+        thread.join(30)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "hi\n"
+    imported = set(done.stderr.split())
+    assert "supervisor.client.run" in imported
+    assert not imported & (HEAVY - {"supervisor.client.submitting"} | NO_RE | {"base64"})
