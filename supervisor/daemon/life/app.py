@@ -36,7 +36,7 @@ from supervisor.daemon.life.startup import (
     parse_args,
     pidfd_child_watcher,
     record_previous_exit,
-    return_startup_memory,
+    return_free_memory,
 )
 from supervisor.daemon.life.systemd import (
     Notifier,
@@ -202,6 +202,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         admit=access.admit,
         on_close=api.verbs.connection_closed,
         kept=api.verbs.holds_run_jobs,
+        after_big=return_free_memory,
     )
     return Parts(
         cfg,
@@ -289,7 +290,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
             parts.phase = DaemonPhase.SERVING
-            return_startup_memory()
+            return_free_memory()
             parts.notifier.ready()
             log.info(
                 "ready",
