@@ -9,8 +9,9 @@
    (`bench/results/daemon.folded`, for flamegraph.pl or speedscope).
 2. The same daemon then takes a `submit_batch` dry run of `--dry-run` jobs: its RSS idle,
    after the jobs, right after the dry run and 5 s later.
-3. A fresh daemon, paused, takes a real `submit_batch` of `--queued` jobs: its RSS idle,
-   once they are queued and 5 s later (the queued jobs stay in memory: what each costs).
+3. A fresh daemon, paused, takes the same dry run from idle (its RSS right after and 5 s
+   later), then a real `submit_batch` of `--queued` jobs: its RSS once they are queued and
+   5 s later (the queued jobs stay in memory: what each costs).
 
 py-spy comes from PyPI into the venv the bench runs from (`pip install py-spy`); without
 it part 1 is skipped. Attaching needs ptrace rights over the daemon (same user, and
@@ -95,19 +96,25 @@ def measure(root: Path, jobs: int, dry_run: int, folded: Path, queued: int = 0) 
         time.sleep(5.0)
         out["rss_5s_after_dry_run_mb"] = d.rss_mb()
     if queued:
-        out["queued"] = measure_queued(root / "q", queued)
+        out["queued"] = measure_queued(root / "q", queued, dry_run)
     out["load_1m"].append(round(os.getloadavg()[0], 2))
     return out
 
 
-def measure_queued(root: Path, jobs: int) -> dict[str, Any]:
-    """RSS of a paused daemon before and after a real batch of `jobs` is queued."""
+def measure_queued(root: Path, jobs: int, dry_run: int) -> dict[str, Any]:
+    """RSS of a fresh, paused daemon: idle, after a dry run of `dry_run` jobs, and after a
+    real batch of `jobs` is queued."""
     out: dict[str, Any] = {"jobs": jobs}
     with BenchDaemon(root, config=f"max_queued_per_user = {jobs}\n") as d:
         d.start()
         assert d.call({"type": "pause"})["ok"]  # none starts: what stays is the queue
         time.sleep(1.0)
         out["idle_rss_mb"] = d.rss_mb()
+        if dry_run:
+            assert d.call(submit_request(d.root, [["true"]] * dry_run, dry_run=True))["ok"]
+            out["rss_after_dry_run_mb"] = d.rss_mb()
+            time.sleep(5.0)
+            out["rss_5s_after_dry_run_mb"] = d.rss_mb()
         began = time.perf_counter()
         reply = d.call(submit_request(d.root, [["true"]] * jobs))
         out["s"] = round(time.perf_counter() - began, 2)
