@@ -137,14 +137,3 @@ def _version() -> str:
         return version("gpusv")
     except PackageNotFoundError:
         return "unknown"
-
-
-def return_free_memory() -> None:
-    """Hand the heap's free pages back to the kernel (glibc keeps them otherwise): after
-    start-up (compiling and importing a few hundred modules leaves megabytes of free
-    chunks that the running daemon never reuses) and after a big request (a batch of
-    100,000 jobs, its parse and its answer); they would count in its RSS for good."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to return
-        ctypes.CDLL(None).malloc_trim(0)
