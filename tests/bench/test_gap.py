@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gap import gaps, percentiles
+from bench.gap import gaps, pairs, percentiles
 
 
 def test_gaps_are_per_card_between_runs_that_follow_each_other() -> None:
@@ -17,3 +17,8 @@ def test_percentiles_in_ms() -> None:
     assert percentiles([]) == {"n": 0}
     got = percentiles([i / 1000 for i in range(1, 101)])
     assert got == {"n": 100, "p50": 51.0, "p90": 90.0, "p99": 99.0, "max": 100.0}
+
+
+def test_a_gap_is_ahead_when_the_next_run_was_claimed_before_the_end() -> None:
+    runs = [(0, 0.0, 1.0, 0.0), (0, 1.25, 2.0, 0.5), (0, 2.5, 3.0, 2.25)]
+    assert pairs(runs) == [(0.25, True), (0.5, False)]
