@@ -1,5 +1,5 @@
 """Where the daemon's per-job CPU goes, and what a big batch leaves in its memory:
-`python -m bench.profile [--jobs 1000] [--dry-run 100000]`.
+`python -m bench.profile [--jobs 1000] [--dry-run 100000] [--queued 100000]`.
 
 1. A fresh daemon on 2 simulated cards runs `--jobs` trivial jobs from one
    `gpusv submit --batch -` while py-spy samples it (`py-spy record --nonblocking
@@ -9,6 +9,9 @@
    (`bench/results/daemon.folded`, for flamegraph.pl or speedscope).
 2. The same daemon then takes a `submit_batch` dry run of `--dry-run` jobs: its RSS idle,
    after the jobs, right after the dry run and 5 s later.
+3. A fresh daemon, paused, takes the same dry run from idle (its RSS right after and 5 s
+   later), then a real `submit_batch` of `--queued` jobs: its RSS once they are queued and
+   5 s later (the queued jobs stay in memory: what each costs).
 
 py-spy comes from PyPI into the venv the bench runs from (`pip install py-spy`); without
 it part 1 is skipped. Attaching needs ptrace rights over the daemon (same user, and
@@ -64,7 +67,7 @@ def shares(folded: Path) -> dict[str, float]:
     return {k: round(100 * v / total, 1) for k, v in counts.most_common()}
 
 
-def measure(root: Path, jobs: int, dry_run: int, folded: Path) -> dict[str, Any]:
+def measure(root: Path, jobs: int, dry_run: int, folded: Path, queued: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"load_1m": [round(os.getloadavg()[0], 2)]}
     spy_bin = shutil.which("py-spy", path=str(BIN)) or shutil.which("py-spy")
     with BenchDaemon(root / "prime") as primer:  # fills the bytecode cache, as installing does
@@ -92,7 +95,35 @@ def measure(root: Path, jobs: int, dry_run: int, folded: Path) -> dict[str, Any]
         out["rss_after_dry_run_mb"] = d.rss_mb()
         time.sleep(5.0)
         out["rss_5s_after_dry_run_mb"] = d.rss_mb()
+    if queued:
+        out["queued"] = measure_queued(root / "q", queued, dry_run)
     out["load_1m"].append(round(os.getloadavg()[0], 2))
+    return out
+
+
+def measure_queued(root: Path, jobs: int, dry_run: int) -> dict[str, Any]:
+    """RSS of a fresh, paused daemon: idle, after a dry run of `dry_run` jobs, and after a
+    real batch of `jobs` is queued."""
+    out: dict[str, Any] = {"jobs": jobs}
+    with BenchDaemon(root, config=f"max_queued_per_user = {jobs}\n") as d:
+        d.start()
+        assert d.call({"type": "pause"})["ok"]  # none starts: what stays is the queue
+        time.sleep(1.0)
+        out["idle_rss_mb"] = d.rss_mb()
+        if dry_run:
+            assert d.call(submit_request(d.root, [["true"]] * dry_run, dry_run=True))["ok"]
+            out["rss_after_dry_run_mb"] = d.rss_mb()
+            time.sleep(5.0)
+            out["rss_5s_after_dry_run_mb"] = d.rss_mb()
+        began = time.perf_counter()
+        reply = d.call(submit_request(d.root, [["true"]] * jobs))
+        out["s"] = round(time.perf_counter() - began, 2)
+        out["ok"] = reply.get("ok")
+        out["rss_queued_mb"] = d.rss_mb()
+        time.sleep(5.0)
+        out["rss_5s_after_mb"] = d.rss_mb()
+        grown = out["rss_5s_after_mb"] - out["idle_rss_mb"]
+        out["kib_per_queued_job"] = round(grown * 1024 / jobs, 2)
     return out
 
 
@@ -100,12 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     p.add_argument("--jobs", type=int, default=1000, help="trivial jobs in the sampled batch")
     p.add_argument("--dry-run", dest="dry_run", type=int, default=100_000, help="jobs")
+    p.add_argument("--queued", type=int, default=100_000, help="jobs queued (0: none)")
     p.add_argument("--out", type=Path, default=Path("bench/results/profile.json"))
     a = p.parse_args(argv)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     folded = a.out.with_name("daemon.folded")
     with tempfile.TemporaryDirectory(prefix="gpusv-profile-") as tmp:
-        r = measure(Path(tmp), a.jobs, a.dry_run, folded)
+        r = measure(Path(tmp), a.jobs, a.dry_run, folded, a.queued)
     print(json.dumps(r, indent=1))
     a.out.write_text(json.dumps(r, indent=1) + "\n")
     return 0

@@ -258,3 +258,16 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon: Daemon) -> Non
     assert "already using the state dir" in result.stderr
     assert daemon.show(job)["state"] == "running"
     daemon.cli("cancel", str(job))
+
+
+def test_a_dry_run_batch_answers_every_job_in_order(daemon: Daemon) -> None:
+    """Its views are made and sent a piece at a time: all of them, each in its place."""
+    argvs = [["echo", str(i)] for i in range(2_345)]
+    names = [f"n{i}" for i in range(2_345)]
+    request = {"type": "submit_batch", "argvs": argvs, "names": names, "cwd": "/", "env": {}}
+    reply = daemon.call({**request, "dry_run": True})
+    assert reply["ok"] is True
+    assert [j["argv"] for j in reply["jobs"]] == argvs
+    assert [j["name"] for j in reply["jobs"]] == names
+    assert {j["id"] for j in reply["jobs"]} == {None}
+    assert daemon.call({"type": "list"})["jobs"] == []

@@ -27,6 +27,7 @@ from supervisor.daemon.life import log_setup as logs
 from supervisor.daemon.life import shutdown
 from supervisor.daemon.life.deadman import Deadman, abort_deadline_s
 from supervisor.daemon.life.forensics import Forensics
+from supervisor.daemon.life.heap import IdleTrim, return_free_memory
 from supervisor.daemon.life.parts import DaemonPhase, Parts
 from supervisor.daemon.life.recovery import reconcile
 from supervisor.daemon.life.space import wait_for_space
@@ -36,7 +37,6 @@ from supervisor.daemon.life.startup import (
     parse_args,
     pidfd_child_watcher,
     record_previous_exit,
-    return_startup_memory,
 )
 from supervisor.daemon.life.systemd import (
     Notifier,
@@ -202,6 +202,7 @@ async def _assemble(cfg: Config, store: Store, load_config: Callable[[], Config]
         admit=access.admit,
         on_close=api.verbs.connection_closed,
         kept=api.verbs.holds_run_jobs,
+        after_big=return_free_memory,
     )
     return Parts(
         cfg,
@@ -234,6 +235,7 @@ async def _status(parts: Parts) -> None:
 
     parts.broker.subscribe(Changed, on_change)
     table = parts.engine.table
+    idle = IdleTrim()
     while True:
         cards = parts.monitor.cards
         parts.notifier.status(
@@ -247,6 +249,7 @@ async def _status(parts: Parts) -> None:
             )
         )
         parts.dispatcher.poke()  # the dispatch loop checks in after the pass this wakes
+        idle.seen(len(table.live) + len(table.queue))
         with anyio.move_on_after(STATUS_INTERVAL_S):
             await changed.wait()
             await anyio.sleep(STATUS_COALESCE_S)  # a flood of changes: one line for them all
@@ -289,7 +292,7 @@ async def serve(parts: Parts, *, task_status: anyio.abc.TaskStatus[None]) -> Non
             if parts.cfg.metrics_listen:
                 await tg.start(parts.telemetry.serve_metrics)
             parts.phase = DaemonPhase.SERVING
-            return_startup_memory()
+            return_free_memory()
             parts.notifier.ready()
             log.info(
                 "ready",

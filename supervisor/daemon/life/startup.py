@@ -137,13 +137,3 @@ def _version() -> str:
         return version("gpusv")
     except PackageNotFoundError:
         return "unknown"
-
-
-def return_startup_memory() -> None:
-    """Hand the heap that start-up freed back to the kernel (glibc keeps it otherwise):
-    compiling and importing a few hundred modules leaves megabytes of free chunks that
-    the running daemon never reuses, and they would count in its RSS for good."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to return
-        ctypes.CDLL(None).malloc_trim(0)

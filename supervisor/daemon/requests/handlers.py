@@ -5,15 +5,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Literal, cast
 
 import anyio
 import structlog
 
 from supervisor.core.commands import Cancel, Changed, ProcessStarted
 from supervisor.core.jobs import Job, JobState
-from supervisor.core.records import Attempt
+from supervisor.core.records import Attempt, Event
 from supervisor.core.table import Phase, waiting_ahead
 from supervisor.daemon import views
 from supervisor.daemon.broker import Broker
@@ -24,7 +24,7 @@ from supervisor.daemon.requests.access import Access, forbidden
 from supervisor.daemon.requests.everyday import Verbs
 from supervisor.daemon.requests.intake import Intake, find_job
 from supervisor.daemon.requests.intake import warnings as intake_warnings
-from supervisor.daemon.requests.server import Peer
+from supervisor.daemon.requests.server import Peer, Pieces
 from supervisor.daemon.requests.waiting import Ends
 from supervisor.daemon.store import job_queries as jobrows
 from supervisor.daemon.store import output_files as joblogs
@@ -57,6 +57,7 @@ from supervisor.wire.shapes import (
 log = structlog.get_logger("gpusvd.server")
 LOG_CHUNK = 512 * 1024
 START_WAIT_S = 10.0  # the longest `show` waits for a start in flight
+DRY_PIECE = 1000  # job views of a dry run made and sent at a time
 
 
 class Api:
@@ -182,19 +183,11 @@ class Api:
             raise ProtocolError(protocol.DRAINING, "gpusvd is stopping; submit again later")
         self.intake.check_fits(req)
         await self.intake.check_after(req.options.after, req.options.after_any)
+        if req.options.dry_run:
+            return await self._dry_run(req, peer)
         specs = self.intake.specs(req, peer)
         await self.intake.check_share(specs)
         notes = await self.intake.over_limit(specs)
-        if req.options.dry_run:
-            out: list[JobJson] = []
-            for spec in specs:
-                job = Job(id=0, spec=spec)
-                out.append(views.job_json(job, host_memory=self.book.projection(spec)))
-                out[-1]["id"] = None
-            dry: SubmitReply = {"ok": True, "jobs": out}
-            if notes:
-                dry["warnings"] = intake_warnings(notes, None)
-            return dry
         rid = req.options.request_id
         ids, repeated = await self.intake.enqueue(specs, peer.uid, rid, notes)
         if req.options.run:  # a repeat too: a `run` client back after a restart re-ties it
@@ -203,6 +196,35 @@ class Api:
         if notes and not repeated:
             reply["warnings"] = intake_warnings(notes, ids)
         return reply
+
+    async def _dry_run(self, req: Submit, peer: Peer) -> SubmitReply:
+        """What a submit would make, made nothing of. The jobs are checked, and their
+        views made as they are sent (`Pieces`), DRY_PIECE at a time: the specs and views
+        of 100,000 jobs would hold hundreds of MB at once, and the heap would keep much of
+        it after they are freed (what a request leaves behind pins what it freed)."""
+        found: dict[int, tuple[Event, ...]] = {}
+        for start in range(0, len(req.argvs), DRY_PIECE):
+            specs = self.intake.specs(req, peer, start, start + DRY_PIECE)
+            await self.intake.check_share(specs)
+            for i, evs in enumerate(await self.intake.over_limit(specs), start):
+                if evs:
+                    found[i] = evs
+            await anyio.sleep(0)  # the loop turns between pieces
+        dry: SubmitReply = {"ok": True, "jobs": cast(Any, Pieces(self._dry_views(req, peer)))}
+        if found:
+            notes = tuple(found.get(i, ()) for i in range(len(req.argvs)))
+            dry["warnings"] = intake_warnings(notes, None)
+        return dry
+
+    def _dry_views(self, req: Submit, peer: Peer) -> Iterator[list[JobJson]]:
+        """The views of a dry run's jobs, DRY_PIECE at a time."""
+        for start in range(0, len(req.argvs), DRY_PIECE):
+            piece: list[JobJson] = []
+            for spec in self.intake.specs(req, peer, start, start + DRY_PIECE):
+                view = views.job_json(Job(id=0, spec=spec), host_memory=self.book.projection(spec))
+                view["id"] = None
+                piece.append(view)
+            yield piece
 
     async def _committed(self, req: Submit, ids: list[int], repeated: bool) -> SubmitReply:
         """The jobs made (or, for a repeat, the first submit's): the ids at least, never

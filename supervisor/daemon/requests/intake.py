@@ -109,10 +109,14 @@ class Intake:
             notes.append(() if ev is None else (ev,))
         return tuple(notes) if any(notes) else ()
 
-    def specs(self, req: Submit, peer: Peer) -> list[JobSpec]:
+    def specs(
+        self, req: Submit, peer: Peer, start: int = 0, stop: int | None = None
+    ) -> list[JobSpec]:
+        """The specs of the request's jobs (those from `start` to `stop`)."""
         opts = req.options
         cards = self.pinned(opts.gpus, opts.cards, opts.not_cards)
-        return job_specs(req, peer.uid, peer.gid, self.cfg.retries, self.cfg.watchdog, cards)
+        cfg = self.cfg
+        return job_specs(req, peer.uid, peer.gid, cfg.retries, cfg.watchdog, cards, start, stop)
 
     def pinned(
         self, gpus: int, cards: tuple[int, ...] | None, not_cards: tuple[int, ...] | None = None

@@ -19,9 +19,12 @@ def job_specs(
     retries: RetriesConfig,
     watchdog: WatchdogConfig,
     cards: tuple[int, ...] | None = None,
+    start: int = 0,
+    stop: int | None = None,
 ) -> list[JobSpec]:
-    """The jobs a submit asks for, the config's defaults filled in; `cards` is what its
-    --cards and --not-cards leave it (None: any card)."""
+    """The jobs a submit asks for (those of its commands from `start` to `stop`), the
+    config's defaults filled in; `cards` is what its --cards and --not-cards leave it
+    (None: any card)."""
     opts = req.options
     timeout = opts.progress_timeout_s
     which = program_finder(opts.env.get("PATH"))
@@ -54,7 +57,7 @@ def job_specs(
             cards=cards,
             **_array_fields(opts, i),
         )
-        for i, argv in enumerate(req.argvs)
+        for i, argv in enumerate(req.argvs[start:stop], start)
     ]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.daemon.requests import connections
+from supervisor.daemon.requests import connections, server
 from supervisor.daemon.requests.server import (
     AlreadyRunning,
     Peer,
@@ -278,3 +278,16 @@ def test_the_connection_cap_is_at_most_a_quarter_of_the_descriptors() -> None:
         assert connection_cap(256) == 1
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_big_request_is_followed_by_after_big_and_a_small_one_is_not(
+    sock_path: Path,
+) -> None:
+    trims: list[int] = []
+    async with serving(sock_path, after_big=lambda: trims.append(1)) as s:
+        assert await in_thread(s.path, PING, shut=True) == [{"ok": True, "type": "ping"}]
+        assert trims == []
+        padded = b'{"type":"ping","x":"' + b"a" * server.BIG + b'"}\n'
+        answers = await in_thread(s.path, padded, shut=True)
+        assert len(answers) == 1  # an unknown field: refused, and answered all the same
+        assert trims == [1]
