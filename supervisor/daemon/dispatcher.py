@@ -324,9 +324,9 @@ class Dispatcher:
         else:
             shown, free = cards, {"gpu": 0, "cpu": 1}
         free.update(self.table.array_room(self._claimed))
-        # Only its start is wanted, not the others' holds: the first of the settled jobs
-        # is read alone, and more only where it does not fit.
-        for start in self._plan(shown, free, now, now_wall, w=0).starts:
+        # Only its start is wanted, not the others' holds: the first settled job that this
+        # round has not claimed is read alone, and more only where it does not fit.
+        for start in self._plan(shown, free, now, now_wall, w=len(self._claimed)).starts:
             job = self.table.jobs[start.job_id]
             if start.gpus == live.cards and not job.spec.share:
                 return dataclasses.replace(start, after=(job_id, live.attempt.n))
