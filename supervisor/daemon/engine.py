@@ -7,9 +7,8 @@ Commands are taken one turn at a time, so every step sees the table as committed
 daemon's own commands (an end, a start, a pass's claims) that arrive while a turn is
 under way are taken together in the next one: stepped in order in one draft (each sees
 what those before it changed), committed in one transaction, applied, and their actions
-published in order; so are those that are ready in the same run of the loop (each lets
-the loop run once before its turn). A client's command (whose write may be refused: the
-client hears `storage`) has a turn to itself.
+published in order. A client's command (whose write may be refused: the client hears
+`storage`) has a turn to itself.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import anyio
-import anyio.lowlevel
 import structlog
 
 from supervisor.core.commands import (
@@ -105,12 +103,6 @@ class Engine:
         mine = _Queued(cmd)
         self._queued.append(mine)
         try:
-            if not self._turn.locked():
-                # The loop runs once before a turn is taken: what other tasks have ready
-                # now (a keeper's message names one job's end and the next one's start;
-                # a round's spawns come together) joins the same turn and commit. Each
-                # command yields, so that their callers go on in the order they came.
-                await anyio.lowlevel.checkpoint()
             await self._turn.acquire()
         except BaseException:  # cancelled while it waited: not taken, nor to be
             if mine in self._queued:
