@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
 import anyio
@@ -26,10 +25,10 @@ from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
+from supervisor.daemon.run_times import RunTimes
 from supervisor.daemon.store.memory_book import MemoryBook
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
-SHORT_KINDS = 4096  # kinds of job whose last run time is remembered, most recent first
 
 
 class CardsChanged:
@@ -67,6 +66,7 @@ class Dispatcher:
         self.wake = anyio.Event()
         self.stale = False  # the table changed since this pass planned (see _may_claim)
         self._claimed: dict[int, admission.RunningJob] = {}  # this round's claims ahead
+        self._host: admission.HostMemory | None = None  # this round's reading (_host_once)
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         self.available_mb = available_mb  # MemAvailable, read at each pass
@@ -75,9 +75,9 @@ class Dispatcher:
         self.reserve_mb = cfg.host_memory.reserve.resolve(total)
         broker.subscribe(Changed, self._changed)
         broker.subscribe(CardsChanged, lambda _ev: self.poke())
-        self.last_run_s: OrderedDict[str, float] = OrderedDict()  # kind -> its last success, s
+        self.last_run_s = RunTimes()  # kind -> its last success, s
         if cfg.jobs.start_ahead_s > 0:
-            broker.subscribe(AttemptEnded, self._ran)
+            broker.subscribe(AttemptEnded, self.last_run_s.ran)
             # A start may be followed: a pass soon, but nothing the plan must see anew.
             broker.subscribe(ProcessStarted, lambda _ev: self.wake.set())
 
@@ -92,18 +92,6 @@ class Dispatcher:
         old, new = ev.old, ev.new
         if old is None or old.state is not JobState.QUEUED or new.state is not JobState.RUNNING:
             self.poke()
-
-    def _ran(self, ended: AttemptEnded) -> None:
-        """How long each kind of job (its memory key) last took to succeed: a kind that
-        ran short is one worth claiming the next job behind."""
-        a = ended.attempt
-        if a.exit_code != 0 or a.reason is not None or a.ended_at is None:
-            return
-        key = ended.job.spec.mem_key
-        self.last_run_s[key] = epoch_from_iso(a.ended_at) - epoch_from_iso(a.started_at)
-        self.last_run_s.move_to_end(key)
-        if len(self.last_run_s) > SHORT_KINDS:
-            self.last_run_s.popitem(last=False)
 
     def drain(self) -> None:
         """Admit nothing more."""
@@ -161,6 +149,12 @@ class Dispatcher:
         """`gpusv pause` / `resume`: while paused, no pass starts anything."""
         self.paused = paused
 
+    def _host_once(self) -> admission.HostMemory:
+        """The host's memory, read once a round: the plans of one round share it."""
+        if self._host is None:
+            self._host = self.host()
+        return self._host
+
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
             limit_mb=self.limit_mb,
@@ -186,7 +180,7 @@ class Dispatcher:
         """One admission pass; returns seconds until the next backoff expires, if any.
         What asks for a pass while it runs sets `wake` (the next pass follows at once);
         a change of the table also sets `stale`, which stops its claims ahead."""
-        self.wake, self.stale = anyio.Event(), False
+        self.wake, self.stale, self._host = anyio.Event(), False, None
         if self.draining or self.paused or not self.table.queue:
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
@@ -228,7 +222,7 @@ class Dispatcher:
         Dispatch: one engine turn a round, not one a claim. Rounds follow, each on the
         table as the last left it, until none is left to make."""
         while self.last_run_s and self.table.queue and self._may_claim():
-            starts, projections = [], {}
+            starts, projections, self._host = [], {}, None
             try:
                 for job_id, live in self._followable(now_wall):
                     start = self._ahead_of(job_id, live, cards, now, now_wall)
@@ -324,9 +318,9 @@ class Dispatcher:
         else:
             shown, free = cards, {"gpu": 0, "cpu": 1}
         free.update(self.table.array_room(self._claimed))
-        # Only its start is wanted, not the others' holds: the first of the settled jobs
-        # is read alone, and more only where it does not fit.
-        for start in self._plan(shown, free, now, now_wall, w=0).starts:
+        # Only its start is wanted, not the others' holds: the first settled job that this
+        # round has not claimed is read alone, and more only where it does not fit.
+        for start in self._plan(shown, free, now, now_wall, w=len(self._claimed)).starts:
             job = self.table.jobs[start.job_id]
             if start.gpus == live.cards and not job.spec.share:
                 return dataclasses.replace(start, after=(job_id, live.attempt.n))
@@ -344,7 +338,7 @@ class Dispatcher:
         first K + w when K units of it are free. That is the whole queue's plan if its
         starts used the K units up before the first job left out (those after it would be
         held as they are); else w grows and the plan is made again."""
-        host, running = self.host(), self.running_use()
+        host, running = self._host_once(), self.running_use()
         limit = self.cfg.host_memory.max_backfill_wait_s
         while True:
             ends = self.table.queue.ends(free, w)

@@ -13,6 +13,7 @@ published in order. A client's command (whose write may be refused: the client h
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +22,16 @@ from typing import TypeVar
 import anyio
 import structlog
 
-from supervisor.core.commands import Command, InsertJob, Now, SetPid, SubmitJobs
+from supervisor.core.commands import (
+    Command,
+    InsertJob,
+    Now,
+    Recover,
+    SaveJob,
+    SetPid,
+    SubmitJobs,
+    Write,
+)
 from supervisor.core.dependencies import expanded, newest_per_index, parents
 from supervisor.core.draft import Step
 from supervisor.core.engine import steps
@@ -35,6 +45,7 @@ from supervisor.daemon.store.database import StorageError, Store
 log = structlog.get_logger("gpusvd.engine")
 T = TypeVar("T")
 ALL_OF_AN_ARRAY = 10_000_000  # every job an array has had, restarts included
+PID_HOLD_S = 0.05  # the longest a started attempt's pid waits for its end to carry it
 
 
 def now() -> Now:
@@ -70,6 +81,9 @@ class Engine:
         self.epoch = 0  # +1 when a commit starts and when it ends
         self._turn = anyio.Lock(fast_acquire=True)  # no yield when free: one turn at a time
         self._queued: list[_Queued] = []  # the daemon's own commands, for the next turn
+        self._pids: dict[tuple[int, int], SetPid] = {}  # started attempts' pids, held
+        self._pid_timer: asyncio.TimerHandle | None = None
+        store.on_settle(self.release_pids)
 
     async def do(self, cmd: Command) -> Step:
         """Decide, commit, apply, act; returns the step (its writes name new job ids; a
@@ -116,17 +130,50 @@ class Engine:
 
     async def _take(self, cmds: tuple[Command, ...], request: str | None = None) -> Step:
         out = steps(self.table, cmds, self.clock())
-        if out.writes and all(isinstance(w, SetPid) for w in out.writes):
-            commit_later(self.store, out.writes)  # the keeper's journal has the pid
-        elif out.writes:
+        writes = out.writes
+        if not any(isinstance(c, Recover) for c in cmds):
+            writes = self._hold_pids(writes)
+        if writes:
+            # The end of an attempt whose pid is held records the pid with it (one
+            # UPDATE of its attempt, one of its job): the held write is not needed.
+            ends = {k for w in writes if (k := _ended(w)) is not None}
+            taken = {k: self._pids.pop(k) for k in ends & self._pids.keys()}
             self.epoch += 1  # odd: a commit is in flight
             try:
-                await commit(self.store, out.writes, request)
+                await commit(self.store, writes, request)
+            except BaseException:
+                self._pids.update(taken)  # not recorded: still to be
+                raise
             finally:
                 self.epoch += 1
         self.table.apply(out.changes)
         self._announce(out)
         return out
+
+    def _hold_pids(self, writes: list[Write]) -> list[Write]:
+        """A started attempt's pid (the keeper's journal has it) is held, not committed
+        with its turn: a short job's end records it (no statements of its own), and
+        what is left of them after PID_HOLD_S rides along with the next commit."""
+        rest: list[Write] = [w for w in writes if not isinstance(w, SetPid)]
+        if len(rest) == len(writes):
+            return writes
+        for w in writes:
+            if isinstance(w, SetPid):
+                self._pids[(w.attempt.job_id, w.attempt.n)] = w
+        if self._pid_timer is None:
+            loop = asyncio.get_running_loop()
+            self._pid_timer = loop.call_later(PID_HOLD_S, self.release_pids)
+        return rest
+
+    def release_pids(self) -> None:
+        """The held pids go to the store's writer, to ride along with its next commit
+        (at once: a reader that must see them calls this, then the store's settle)."""
+        if self._pid_timer is not None:
+            self._pid_timer.cancel()
+            self._pid_timer = None
+        if self._pids:
+            held, self._pids = list(self._pids.values()), {}
+            commit_later(self.store, held)
 
     def _announce(self, out: Step) -> None:
         """What follows a commit: its log lines, then its actions. Nothing here raises:
@@ -185,6 +232,13 @@ class Engine:
                     members[array] = newest_per_index((j.id, j.spec.array_index) for j in rows)
                 found[parent] = members[array]
         return found
+
+
+def _ended(w: Write) -> tuple[int, int] | None:
+    """The attempt (job, n) whose end the write records, if it records one."""
+    if isinstance(w, SaveJob) and w.ended_attempt is not None:
+        return (w.job.id, w.ended_attempt.n)
+    return None
 
 
 def submitted_ids(out: Step) -> list[int]:

@@ -14,7 +14,7 @@ from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
 from supervisor.core.jobs import JobSpec
 from supervisor.daemon.store.database import Store
-from tests.daemon.test_dispatcher import Machine, spec
+from tests.daemon.test_dispatcher import HOST, Machine, spec
 
 KEY = "k"  # spec()'s memory key
 
@@ -101,6 +101,27 @@ async def test_one_pass_claims_the_whole_line_of_every_card_and_its_claims_wake_
     assert not m.sched.wake.is_set()
     await m.end(1)
     assert m.sched.wake.is_set()  # an end wakes the loop
+
+
+async def test_the_claims_of_one_round_share_one_reading_of_the_host_s_memory(
+    store: Store,
+) -> None:
+    """A round plans one claim behind each card; the host's memory is read once for all
+    of them, and again for the next round (the one before it waited for its commit)."""
+    m = await two_cards_running(store)
+    readings: list[int] = []
+
+    def host() -> admission.HostMemory:
+        readings.append(len(m.table.live))
+        return HOST
+
+    m.sched.host = host  # type: ignore[method-assign]
+    await m.dispatch()
+    ahead = sorted((r.after[0], j) for j, r in m.table.live.items() if r.after is not None)
+    assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
+    # The pass's own plan (which commits the holds of the jobs that wait), then one
+    # reading a round, each before its claims, the table as the last commit left it.
+    assert readings == [2, 2, 4]
 
 
 async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(

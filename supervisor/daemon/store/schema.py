@@ -281,11 +281,22 @@ def _insert_attempt(db: sqlite3.Connection, a: Attempt) -> None:
     )
 
 
+FINISH_ATTEMPT = (
+    "UPDATE attempts SET pid=coalesce(?, pid), pid_start=coalesce(?, pid_start), "
+    "started_at=?, ended_at=?, exit_code=?, signal=?, reason=?, peak_rss_mb=?, "
+    "peak_vram_mb=?, evidence=? WHERE job_id=? AND n=?"
+)
+
+
 def _finish_attempt(db: sqlite3.Connection, a: Attempt) -> None:
+    """An attempt's end, with its pid and start as the engine holds them: the end of a
+    short job carries the pid that had not been recorded yet."""
     db.execute(
-        "UPDATE attempts SET ended_at=?, exit_code=?, signal=?, reason=?, peak_rss_mb=?, "
-        "peak_vram_mb=?, evidence=? WHERE job_id=? AND n=?",
+        FINISH_ATTEMPT,
         (
+            a.pid,
+            a.pid_start,
+            a.started_at,
             a.ended_at,
             a.exit_code,
             a.signal,

@@ -119,6 +119,7 @@ class Writer:
         self.failures = 0  # commits that failed for the storage, since start
         self._retry_s = RETRY_MIN_S
         self._later_at: float | None = None  # when the queued write_later's commit is due
+        self._releases: list[Callable[[], None]] = []  # see on_settle
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -168,8 +169,15 @@ class Writer:
             self._later_at = time.monotonic() + LATER_S
             self._wake.set()  # the writer learns of the deadline
 
+    def on_settle(self, release: Callable[[], None]) -> None:
+        """`release` hands the writer what its caller holds back to ride along (the
+        engine's pids), first thing in every settle."""
+        self._releases.append(release)
+
     async def settle(self) -> None:
         """Commit the writes that wait to ride along, now (a reader that must see them)."""
+        for release in self._releases:
+            release()
         if self.problem is None and any(not w.awaited for w in self._pending):
             await self.flush()
 
