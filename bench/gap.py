@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from supervisor.daemon.clock import epoch_from_iso
 
-from .harness import BenchDaemon, submit_request
+from .harness import BenchDaemon, fresh_rounds, submit_request
 
 # bash's own clock, not `date`: the marks are the job's first and last acts, with no
 # process of their own between the mark and the job's start or end.
@@ -134,14 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="fresh daemons, one after the other")
     p.add_argument("--out", type=Path, default=Path("bench/results/gap.json"))
     a = p.parse_args(argv)
-    rounds = []
-    for _ in range(a.rounds):
-        with tempfile.TemporaryDirectory(prefix="gpusv-gap-") as tmp:
-            rounds.append(measure(Path(tmp), a.jobs, a.job_s))
-    print(json.dumps(rounds, indent=1))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(rounds, indent=1) + "\n")
-    return 0
+    return fresh_rounds("gpusv-gap-", a.rounds, lambda tmp: measure(tmp, a.jobs, a.job_s), a.out)
 
 
 if __name__ == "__main__":

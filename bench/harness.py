@@ -9,11 +9,13 @@ under the bench's own directory, so that nothing is written into the source tree
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -206,6 +208,21 @@ class BenchDaemon:
     def __exit__(self, *_exc: object) -> None:
         self.stop(signal.SIGKILL)
         keeper_procs.abandon(self.state)  # they outlive a killed daemon by design
+
+
+def fresh_rounds(
+    prefix: str, rounds: int, measure: Callable[[Path], dict[str, Any]], out: Path
+) -> int:
+    """`measure` on a fresh temporary directory `rounds` times, one after the other; the
+    figures printed and written to `out` as JSON."""
+    found = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            found.append(measure(Path(tmp)))
+    print(json.dumps(found, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(found, indent=1) + "\n")
+    return 0
 
 
 def submit_request(root: Path, argvs: list[list[str]], **options: Any) -> dict[str, Any]:

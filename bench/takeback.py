@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -31,7 +29,7 @@ import psutil
 
 from supervisor.wire.protocol import MAX_LIST
 
-from .harness import BenchDaemon, submit_request, wait_until
+from .harness import BenchDaemon, fresh_rounds, submit_request, wait_until
 from .jobs import MARK, _mark_time
 
 
@@ -97,14 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="fresh daemons, one after the other")
     p.add_argument("--out", type=Path, default=Path("bench/results/takeback.json"))
     a = p.parse_args(argv)
-    rounds = []
-    for _ in range(a.rounds):
-        with tempfile.TemporaryDirectory(prefix="gpusv-takeback-") as tmp:
-            rounds.append(measure(Path(tmp), a.jobs))
-    print(json.dumps(rounds, indent=1))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(rounds, indent=1) + "\n")
-    return 0
+    return fresh_rounds("gpusv-takeback-", a.rounds, lambda tmp: measure(tmp, a.jobs), a.out)
 
 
 if __name__ == "__main__":
