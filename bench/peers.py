@@ -13,6 +13,14 @@ The systems take turns round by round, so the machine's drift falls on all alike
 figure is the median of the rounds. Prints one table with each system's jobs/s, its
 ratio to the best peer, and CPU per job (the whole machine's, and for gpusv the daemon's
 and its keepers'); writes the figures as JSON.
+
+Every system creates a file or two a job (gpusv its output, Task Spooler its output,
+HyperQueue a stdout and a stderr), and on an ext4 without a journal each new file scans
+past every inode of its block group freed in the last minute or more: after a few
+thousand deletions a creation costs ten times what it costs on a quiet file system. So no
+system's files are deleted until the run ends (HyperQueue's included), and before each
+round the cost of creating an empty file is measured (`file_create_us`) and reported, to
+say what the machine was like.
 """
 
 from __future__ import annotations
@@ -56,13 +64,13 @@ def bench_python() -> Path:
     return python
 
 
-def measure_hyperqueue(jobs: int) -> dict[str, Any]:
+def measure_hyperqueue(root: Path, jobs: int) -> dict[str, Any]:
     try:
         python = bench_python()
     except (OSError, subprocess.CalledProcessError) as e:
         return {"skipped": f"hyperqueue could not be installed in {BENCH_VENV}: {e}"}
     done = subprocess.run(
-        [str(python), str(HQ_SCRIPT), str(jobs), str(SLOTS)],
+        [str(python), str(HQ_SCRIPT), str(jobs), str(SLOTS), str(root)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -72,6 +80,17 @@ def measure_hyperqueue(jobs: int) -> dict[str, Any]:
         return {"skipped": f"hyperqueue run failed: {done.stderr.strip()[-300:]}"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def file_create_us(root: Path, files: int = 200) -> float:
+    """CPU µs to create one empty file in a new directory under `root` (its parent's block
+    group, as the systems' files are made)."""
+    probe = root / f"probe-{time.monotonic_ns()}"
+    probe.mkdir(parents=True)
+    began = time.process_time()
+    for i in range(files):
+        os.close(os.open(probe / str(i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return round(1e6 * (time.process_time() - began) / files, 1)
 
 
 def measure_floor(jobs: int) -> dict[str, Any]:
@@ -126,7 +145,7 @@ def _once(name: str, root: Path, jobs: int) -> dict[str, Any]:
     if name == "tsp":
         return measure_tsp(root, jobs, slots=SLOTS)
     if name == "hyperqueue":
-        return measure_hyperqueue(jobs)
+        return measure_hyperqueue(root, jobs)
     return measure_floor(jobs)
 
 
@@ -187,18 +206,26 @@ def main(argv: list[str] | None = None) -> int:
     if a.jobs < 1 or a.rounds < 1:
         p.error("--jobs and --rounds must be at least 1")
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    create_us: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gpusv-peers-") as tmp:
         for i in range(a.rounds):
+            create_us.append(file_create_us(Path(tmp)))
+            sys.stderr.write(f"peers: round {i + 1}: an empty file's creation {create_us[-1]} µs\n")
             for name in SYSTEMS:
                 root = Path(tmp) / f"{name}-{i}"
                 rounds[name].append(_once(name, root, a.jobs))
                 sys.stderr.write(f"peers: round {i + 1} {name}: {rounds[name][-1]}\n")
     summary = summarise(rounds)
-    machine = {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
+    machine = {
+        "cpus": os.cpu_count(),
+        "load_1m": round(os.getloadavg()[0], 2),
+        "file_create_us": create_us,
+    }
     result = {"machine": machine, "jobs": a.jobs, "rounds": rounds, "summary": summary}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(summary))
+    print(f"an empty file's creation before each round: {', '.join(map(str, create_us))} µs")
     print(f"\nwritten: {a.out}")
     return 0
 
