@@ -2,12 +2,11 @@
 
 Durability rule: a job's command runs only after its start record is written to the
 journal (the gate), not synced: the page cache outlives a crash of the keeper or gpusvd,
-and a power loss that loses the line ends the process too (journal.py). What another
-party could act on is synced first: an exit is reported only after its record is
-synced; an acknowledgement is written, not synced (journal.py), and answered at the
-end of its turn. `after_sync` holds what waits for the next sync. A spawn parked behind an attempt
-needs only that attempt's exit written (`ended`), not synced: what starts on the freed
-slot does not wait for the disk, and no one is told of the exit before it is synced.
+and a power loss that loses the line ends the process too (journal.py). An exit is
+reported at the end of the turn that wrote it, synced first when it is due (journal.py:
+none attached, or no ack in time); an ack is written, not synced. `after_sync` holds what
+waits for the end of the turn's write (and sync). A spawn parked behind an attempt needs
+only that attempt's exit written (`ended`): the freed slot does not wait for the disk.
 A full disk does not hold answers back: an exit the journal keeps in memory is reported
 all the same and written once the disk has room (journal.py). Jobs' output goes through
 the relay (output.py): what the disk refuses is dropped and counted with the exit.
@@ -61,7 +60,7 @@ class Jobs:
         self.killing: dict[Key, Killing] = {}
         self.removing: dict[Key, cgroup.Groups] = {}  # acknowledged; cgroups not yet gone
         self.after_sync: list[Callable[[], None]] = []
-        self.on_exit: Callable[[Record], None] = lambda record: None  # once synced
+        self.on_exit: Callable[[Record], None] = lambda record: None  # at the turn's end
         self.ended: list[Record] = []  # exits written this turn, their slots not released
         self.unwatch: Callable[[int], None] = lambda fd: None  # before a watched fd closes
         self._warned: set[str] = set()

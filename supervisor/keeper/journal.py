@@ -3,12 +3,16 @@
 A start line only has to be written (in the page cache) before its job's command may
 run: that survives a crash of the keeper or of gpusvd, and a power loss that takes the
 line also takes the process it describes (recovery calls an attempt without a record
-`interrupted`, which is then true). Exit lines must be on disk before anyone is told:
-every one written in one turn of the keeper's loop reaches the disk with one fdatasync,
-which carries the turn's other lines along. An acknowledgement needs no sync of its own
-either: gpusvd sends it once the exit is committed on its side, and an ack that a power
-loss takes leaves an ended record that the next gpusvd finds committed already and
-acknowledges again (as after a gpusvd that died between its commit and its ack).
+`interrupted`, which is then true). An exit line is told to gpusvd once it is written:
+gpusvd commits it (SQLite, synced) before it acts on it or tells anyone, and acknowledges
+it then. Until that ack the exit must not be lost to a power cut for longer than it
+takes gpusvd to commit: an exit left unacknowledged for `grace` seconds, or one written
+while no gpusvd is attached, is made durable with one fdatasync (sync_due), which
+carries the turn's other lines along. What a power cut takes before that is an exit
+nobody was told of: the attempt ends `interrupted`, as one the cut stopped. An
+acknowledgement needs no sync of its own either: an ack that a power loss takes leaves an
+ended record that the next gpusvd finds committed already and acknowledges again (as
+after a gpusvd that died between its commit and its ack).
 
 Each line is `#<length> <crc32> <json>`: replay tells a torn last line (a crash
 mid-write, nothing depended on it: cut quietly) from damage in the middle (a line whose
@@ -28,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -124,13 +129,15 @@ class Journal:
         self.lines = 0
         self.damaged: list[str] = []  # what replay could not read, said at each attach
         self.pending: list[bytes] = []  # lines written to memory only: the disk refused
+        # Exits written since the last fdatasync that gpusvd has not acknowledged: when each
+        # was written (monotonic). An ack means gpusvd committed it: it needs no sync.
+        self.unsynced: dict[Key, float] = {}
         self._replay()
         created = not path.exists()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         if created:
             fsync_dir(path.parent)
         self._size = os.fstat(self._fd).st_size
-        self._dirty = False
         self._cut = False  # a failed write could not be cut off: start the next line anew
 
     def _replay(self) -> None:
@@ -178,12 +185,14 @@ class Journal:
                     setattr(record, name, value)
         elif kind == "ack":
             self.records.pop(key, None)
+            self.unsynced.pop(key, None)
 
     def append(self, kind: str, record: Record, **extra: Any) -> None:
         """Write one line now, whole. A start, the pid that follows a start recorded
         before its process existed, and an ack need no sync (module docstring); an exit
-        is durable after sync(). A start the file refuses raises OSError with the file as it
-        was; any other line is then kept in memory (`pending`) and written at a sync."""
+        is durable after sync(), which sync_due asks for. A start the file refuses raises
+        OSError with the file as it was; any other line is then kept in memory (`pending`)
+        and written at a sync."""
         if kind == "start":
             if self.pending:  # lines must stay in order, and these wait for the disk
                 self.flush()
@@ -193,7 +202,8 @@ class Journal:
             entry = {"e": kind, "job": record.job, "attempt": record.attempt, **extra}
             line = frame(entry)
             self._apply(entry)  # in memory whatever the disk says: never lost here
-            self._dirty = self._dirty or kind == "exit"  # the one line told before synced
+            if kind == "exit":
+                self.unsynced.setdefault(record.key, time.monotonic())
             if self.pending:
                 self.pending.append(line)
             else:
@@ -238,10 +248,25 @@ class Journal:
         """Whether every line is in the file (none waits in memory for the disk)."""
         return not self.pending
 
+    def sync_due(self, now: float, grace: float | None) -> bool:
+        """Whether this turn must end with a sync: lines wait in memory for the disk, or
+        an exit has gone unacknowledged for `grace` seconds (None: no gpusvd will commit
+        it, so at once)."""
+        if self.pending:
+            return True
+        if not self.unsynced:
+            return False
+        return grace is None or now - min(self.unsynced.values()) >= grace
+
+    def sync_deadline(self, grace: float) -> float | None:
+        """When the oldest unacknowledged exit falls due for a sync (monotonic)."""
+        return min(self.unsynced.values()) + grace if self.unsynced else None
+
     def sync(self) -> bool:
         """Everything written so far on disk; False (logged) while the disk refuses: the
         lines wait in memory and the next sync tries again."""
-        if not self._dirty and not self.pending:
+        if not self.unsynced and not self.pending:
+            self.compact_if_worth()
             return True
         try:
             self.flush()
@@ -249,10 +274,24 @@ class Journal:
         except OSError as exc:
             self.log(f"journal: cannot sync ({len(self.pending)} lines wait in memory): {exc}")
             return False
-        self._dirty = False
+        self.unsynced.clear()
+        self.compact_if_worth()
+        return True
+
+    def write_out(self) -> bool:
+        """What waits in memory written to the file, not synced; False (logged) while the
+        disk refuses."""
+        try:
+            self.flush()
+        except OSError as exc:
+            self.log(f"journal: cannot write ({len(self.pending)} lines wait in memory): {exc}")
+            return False
+        self.compact_if_worth()
+        return True
+
+    def compact_if_worth(self) -> None:
         if self.lines > self.compact_after and self.lines > 4 * len(self.records):
             self.compact()
-        return True
 
     def compact(self) -> bool:
         """Rewrite the file with the live records only; False (logged, the old file kept
@@ -285,7 +324,7 @@ class Journal:
         self._size = len(data)
         self._cut = False
         self.lines = len(self.records)
-        self._dirty = False
+        self.unsynced.clear()  # the new file was synced whole
         return True
 
     def close(self) -> None:

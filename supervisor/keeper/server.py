@@ -3,8 +3,10 @@
 Requests: {"id": N, "op": ..., ...}; each is answered {"id": N, "ok": true, ...} or
 {"id": N, "ok": false, "error": {"code", "message"}}, not always at once (a spawn is
 answered once exec's outcome is known, a kill once the job is gone). The attached
-connection also gets {"event": "exit", "job": {...}} for every exit, after its record is
-synced. A malformed line is answered with an error and logged; it never costs a job.
+connection also gets {"event": "exit", "job": {...}} for every exit, once its record is
+written (journal.py: gpusvd commits it before anything acts on it, and an exit it leaves
+unacknowledged for SYNC_GRACE_S is synced). A malformed line is answered with an error
+and logged; it never costs a job.
 
 A spawn with `after` naming a running attempt, or one parked itself (a chain), is
 parked here, in memory, until that attempt's exit is written, and dropped with the
@@ -42,6 +44,9 @@ from .parked import Parked, Parking
 FEATURES = ["after", "after_waiting", "transient", "too_large_kept"]
 REAP_RETRY_S = 1.0
 PENDING_RETRY_S = 1.0  # journal lines kept in memory (a full disk) are written again
+# An exit told to the attached gpusvd and not acknowledged (committed on its side) in this
+# long is synced here: a gpusvd that is slow, stuck or gone does not leave it to a power cut.
+SYNC_GRACE_S = 0.1
 
 
 class Server:
@@ -97,6 +102,9 @@ class Server:
                 soon.append(REAP_RETRY_S)
             if self.jobs.journal.pending:
                 soon.append(PENDING_RETRY_S)
+            due = self.jobs.journal.sync_deadline(SYNC_GRACE_S)
+            if due is not None:
+                soon.append(max(0.0, due - time.monotonic()))
             if self.net.paused_until:
                 soon.append(max(0.0, self.net.paused_until - time.monotonic()))
             timeout = min(soon) if soon else None
@@ -145,10 +153,17 @@ class Server:
                 self._guarded(functools.partial(self._start_parked, parked))
 
     def _sync(self) -> None:
-        """Make the turn's records durable, then do what waited on them. A disk that
-        refuses (full) does not hold them back: an exit kept in memory is reported all
-        the same (the journal writes it again at each turn until the disk takes it)."""
-        self.jobs.journal.sync()
+        """Write the turn's records, sync them when they are due (journal.py: an exit is
+        told to an attached gpusvd once written; with none attached, or one that has not
+        acknowledged it in SYNC_GRACE_S, once on disk), then do what waited on them. A disk
+        that refuses (full) does not hold them back: an exit kept in memory is reported
+        all the same (the journal writes it again at each turn until the disk takes it)."""
+        journal = self.jobs.journal
+        told = self.attached is not None and not self.attached.closed
+        if journal.sync_due(time.monotonic(), SYNC_GRACE_S if told else None):
+            journal.sync()
+        else:
+            journal.write_out()
         waiting, self.jobs.after_sync = self.jobs.after_sync, []
         for action in waiting:
             self._guarded(action)
@@ -234,8 +249,9 @@ class Server:
             if other is not conn:
                 self.net.close(other)
         self.attached = conn
-        # After this turn's sync: an exit recorded in this same turn is listed only once
-        # it is on disk, as it would be reported. (A start needs only to be written.)
+        # After this turn's write: an exit recorded in this same turn is listed once it is
+        # in the journal, as it would be reported; the new gpusvd commits it before it acts
+        # on it (journal.py). Exits recorded while none was attached were synced then.
         self.jobs.after_sync.append(
             lambda: reply(
                 {
