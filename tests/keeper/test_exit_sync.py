@@ -88,15 +88,20 @@ def _events(theirs: socket.socket) -> list[dict[str, Any]]:
     return [line for line in lines if "event" in line]
 
 
+def _told_unsynced(keeper: Server, conn: Conn, theirs: socket.socket, tmp: Path) -> None:
+    """gpusvd attached on `conn`; a job ran and its exit was told to it, not synced."""
+    keeper.attached = conn
+    _run_true(keeper, tmp, 1)
+    _turn(keeper)
+    (event,) = _events(theirs)
+    assert event["event"] == "exit" and event["job"]["exit_code"] == 0
+
+
 def test_an_attached_gpusvd_is_told_of_an_exit_without_a_sync_and_its_ack_needs_none(
     tmp_path: Path, serving: tuple[Server, Conn, socket.socket], synced: list[int]
 ) -> None:
     keeper, conn, theirs = serving
-    keeper.attached = conn
-    _run_true(keeper, tmp_path, 1)
-    _turn(keeper)
-    (event,) = _events(theirs)
-    assert event["event"] == "exit" and event["job"]["exit_code"] == 0
+    _told_unsynced(keeper, conn, theirs, tmp_path)
     assert synced == []  # told once written: gpusvd commits it before it acts on it
     assert b'"e":"exit","job":1' in (tmp_path / "journal").read_bytes()
     keeper._request(conn, b'{"op": "ack", "job": 1, "attempt": 1}')
@@ -109,10 +114,8 @@ def test_an_exit_left_unacknowledged_for_the_grace_is_synced(
     tmp_path: Path, serving: tuple[Server, Conn, socket.socket], synced: list[int]
 ) -> None:
     keeper, conn, theirs = serving
-    keeper.attached = conn
-    _run_true(keeper, tmp_path, 1)
-    _turn(keeper)
-    assert len(_events(theirs)) == 1 and synced == []
+    _told_unsynced(keeper, conn, theirs, tmp_path)
+    assert synced == []
     due = keeper.jobs.journal.sync_deadline(server.SYNC_GRACE_S)
     assert due is not None and due <= time.monotonic() + server.SYNC_GRACE_S
     time.sleep(max(0.0, due - time.monotonic()))
@@ -139,10 +142,8 @@ def test_an_exit_told_to_a_gpusvd_that_then_went_away_is_synced_at_the_next_turn
     tmp_path: Path, serving: tuple[Server, Conn, socket.socket], synced: list[int]
 ) -> None:
     keeper, conn, theirs = serving
-    keeper.attached = conn
-    _run_true(keeper, tmp_path, 1)
-    _turn(keeper)
-    assert len(_events(theirs)) == 1 and synced == []
+    _told_unsynced(keeper, conn, theirs, tmp_path)
+    assert synced == []
     keeper.net.close(conn)  # gpusvd died before it committed and acknowledged it
     _turn(keeper)
     assert len(synced) == 1 and keeper.jobs.journal.unsynced == {}
