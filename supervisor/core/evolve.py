@@ -4,9 +4,9 @@ dataclasses.replace builds its keyword arguments from every field and calls __in
 which for a frozen dataclass sets each field through object.__setattr__: ~4.6 us for a
 Job, where a copy of the instance's __dict__ costs ~0.9 us. A job's turns replace a
 dozen records, so the copy is taken where it means the same: a plain frozen or mutable
-dataclass with neither __post_init__ nor __slots__ nor an init=False field (whose
-replace would build it anew). Any other class, or a name that is not an init field,
-goes through dataclasses.replace (which raises for the latter as it always did).
+dataclass with the generated __init__ and neither __post_init__ nor __slots__ nor an
+init=False field (whose replace would build it anew). Any other class, or a name that
+is not an init field, goes through dataclasses.replace (which raises for the latter).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def _copyable(cls: type) -> frozenset[str] | None:
     every = cls.__dataclass_fields__.values()  # type: ignore[attr-defined]
     fields = dataclasses.fields(cls)  # ClassVars and InitVars left out
     if (
-        hasattr(cls, "__post_init__")
+        not cls.__dataclass_params__.init  # type: ignore[attr-defined]  # its own __init__
+        or hasattr(cls, "__post_init__")
         or "__slots__" in cls.__dict__
         or len(fields) != sum(1 for f in every if f._field_type is not _CLASSVAR)
         or any(not f.init for f in fields)

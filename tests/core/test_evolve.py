@@ -68,7 +68,17 @@ class _Plain:
     kind: ClassVar[str] = "x"
 
 
+@dataclass(init=False)
+class _OwnInit:
+    n: int
+    twice: int
+
+    def __init__(self, n: int, twice: int = 0) -> None:
+        self.n, self.twice = n, 2 * n
+
+
 def test_classes_whose_init_does_more_go_through_replace() -> None:
+    assert evolve(_OwnInit(1, 0), n=3).twice == 6  # its own __init__ ran
     assert evolve(_Checked(1), n=4).doubled == 8  # __post_init__ ran
     old = _Fresh(1)
     old.seen.append(1)
