@@ -5,7 +5,6 @@ draft sees what they changed."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import cast
 from supervisor.core import outcome
 from supervisor.core.commands import Action, AttemptEnded, Changed, Now, SaveJob, Write
 from supervisor.core.dependencies import blocks, parents, waiting_text
+from supervisor.core.evolve import evolve
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState, transition
 from supervisor.core.outcome import Facts
@@ -128,7 +128,7 @@ class Draft:
         if job is None or job.state is not JobState.QUEUED:
             return
         self.changes.pending[job_id] = parents or None
-        self.set_job(dataclasses.replace(job, waiting_for=waiting_text(parents)))
+        self.set_job(evolve(job, waiting_for=waiting_text(parents)))
 
     def fail_dependency(self, job_id: int, parent: int) -> None:
         job = self.job(job_id)

@@ -7,7 +7,6 @@ for the shell to perform after the commit. Pure: no I/O, no clock (time is `now`
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -43,6 +42,7 @@ from supervisor.core.commands import (
 )
 from supervisor.core.dependencies import expanded, parents, waiting_text
 from supervisor.core.draft import Draft, Step, Verdict
+from supervisor.core.evolve import evolve
 from supervisor.core.hang_record import hang_record
 from supervisor.core.jobqueue import DEVICE_HOLD, kind_of
 from supervisor.core.jobs import FailureReason, Job, JobState, transition
@@ -111,7 +111,7 @@ def _hold(d: Draft, hold: Hold) -> None:
     if d.held_since(job.id) is None:
         d.changes.held_since[job.id] = d.now.mono
     if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
-        job = dataclasses.replace(job, waiting_for=hold.message, hold_reason=hold.reason)
+        job = evolve(job, waiting_for=hold.message, hold_reason=hold.reason)
         d.set_job(job)
     if not d.announced(job.id):
         d.changes.announced.add(job.id)
@@ -159,7 +159,7 @@ def _claim(d: Draft, start: Start, cmd: Dispatch) -> None:
 def _spawning(d: Draft, cmd: Spawning) -> None:
     live = d.live(cmd.job_id)
     if live is not None and live.attempt.n == cmd.n and live.phase is Phase.CLAIMED:
-        d.changes.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.SPAWNING)
+        d.changes.live[cmd.job_id] = evolve(live, phase=Phase.SPAWNING)
 
 
 def _started(d: Draft, cmd: Started) -> None:
@@ -168,19 +168,17 @@ def _started(d: Draft, cmd: Started) -> None:
         return
     job_started_at = None
     if live.after is None:
-        attempt = dataclasses.replace(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
+        attempt = evolve(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start)
     else:  # claimed ahead: it starts now, not when it was claimed
         # The keeper's stamp of the start, where it gave one: this step may come after
         # the step that ends the job in front, which stamps that end with its exit.
         at = iso_at(cmd.pid_start) if cmd.pid_start is not None else d.now.iso
-        attempt = dataclasses.replace(
-            live.attempt, pid=cmd.pid, pid_start=cmd.pid_start, started_at=at
-        )
+        attempt = evolve(live.attempt, pid=cmd.pid, pid_start=cmd.pid_start, started_at=at)
         job = d.job(cmd.job_id)
         if job is not None and job.started_at == live.attempt.started_at:
             job_started_at = at
-            d.set_job(dataclasses.replace(job, started_at=job_started_at))
-    d.changes.live[cmd.job_id] = dataclasses.replace(live, phase=Phase.RUNNING, attempt=attempt)
+            d.set_job(evolve(job, started_at=job_started_at))
+    d.changes.live[cmd.job_id] = evolve(live, phase=Phase.RUNNING, attempt=attempt)
     d.out.writes.append(SetPid(attempt, job_started_at))
     d.out.actions.append(ProcessStarted(cmd.job_id, cmd.pid))
     if live.kill is not None:  # stopped while it was being started
@@ -193,9 +191,9 @@ def _ended(d: Draft, cmd: Ended) -> None:
         return
     facts = cmd.facts
     if live.kill is not None:
-        facts = dataclasses.replace(facts, killed_for=live.kill, kill_evidence=live.evidence)
+        facts = evolve(facts, killed_for=live.kill, kill_evidence=live.evidence)
     if facts.hang is not None and live.machine is None:
-        live = dataclasses.replace(live, machine=facts.machine or {"at": d.now.iso})
+        live = evolve(live, machine=facts.machine or {"at": d.now.iso})
     d.end(job, live, facts)
 
 
@@ -224,7 +222,7 @@ def _stop(
     )
     if live.kill is None or replaces:
         since = live.kill_since if live.kill_since is not None else d.now.wall
-        live = dataclasses.replace(
+        live = evolve(
             live, kill=reason, evidence=evidence, machine=machine or live.machine, kill_since=since
         )
         d.changes.live[job_id] = live
@@ -273,7 +271,7 @@ def _reclassify(d: Draft, cmd: Reclassify) -> None:
 def _progress(d: Draft, cmd: Progress) -> None:
     job = d.job(cmd.job_id)
     if job is not None and job.progress != cmd.match:
-        d.set_job(dataclasses.replace(job, progress=cmd.match))
+        d.set_job(evolve(job, progress=cmd.match))
 
 
 def hold_refusal(job: Job, hold: bool) -> str | None:
@@ -299,7 +297,7 @@ def _hold_job(d: Draft, cmd: HoldJob) -> None:
     note = f"held (gpusv release {job.id})" if cmd.held else None
     if not cmd.held and d.pending(job.id):  # back to waiting for its parents
         note = waiting_text(d.pending(job.id) or frozenset())
-    changed = dataclasses.replace(job, held=cmd.held, waiting_for=note, hold_reason=None)
+    changed = evolve(job, held=cmd.held, waiting_for=note, hold_reason=None)
     kind = "held" if cmd.held else "released"
     d.put(changed, Event(kind, f"{kind} by uid {cmd.by_uid}"))
 

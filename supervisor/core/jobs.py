@@ -1,16 +1,18 @@
 """The job model: states, failure reasons, the legal transitions, and exit classification.
 
-Standard library only: every other module may import this one, it imports none of them.
+Every other module may import this one; it imports only the standard library and
+supervisor.core.evolve (itself standard library only).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal as _signal
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from supervisor.core.evolve import evolve
 
 
 class JobState(StrEnum):
@@ -133,7 +135,7 @@ def transition(
         stamps["ended_at"] = at
         stamps["waiting_for"] = None
         stamps["hold_reason"] = None
-    return dataclasses.replace(job, state=to, reason=reason, **{**stamps, **changes})
+    return evolve(job, state=to, reason=reason, **{**stamps, **changes})
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ OOM evidence, a spawn error); the budgets are the job's. Retry policy itself is 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core import retry
+from supervisor.core.evolve import evolve
 from supervisor.core.jobs import ExitStatus, FailureReason, Job, JobState, classify_exit, transition
 from supervisor.core.records import Attempt, Event, iso_at
 
@@ -102,7 +102,7 @@ def end_of_attempt(job: Job, attempt: Attempt, f: Facts, at: str, now_wall: floa
     code = f.status.shell_code if f.status else None
     if f.exited_at is not None:  # when it ended, not when that was recorded here
         at = max(iso_at(f.exited_at), attempt.started_at)
-    closed = dataclasses.replace(
+    closed = evolve(
         attempt,
         ended_at=at,
         exit_code=f.status.exit_code if f.status else None,
@@ -180,12 +180,12 @@ def reclassified(job: Job, attempt: Attempt, evidence: dict[str, Any]) -> Outcom
         return None
     if attempt.reason not in (FailureReason.EXIT_NONZERO.value, FailureReason.SIGNAL.value):
         return None
-    fixed = dataclasses.replace(
+    fixed = evolve(
         job,
         reason=FailureReason.GPU_HANG,
         ordinary_used=max(0, job.ordinary_used - 1),
         gpu_hang_used=job.gpu_hang_used + 1,
     )
-    closed = dataclasses.replace(attempt, reason=FailureReason.GPU_HANG.value, evidence=evidence)
+    closed = evolve(attempt, reason=FailureReason.GPU_HANG.value, evidence=evidence)
     message = f"attempt {attempt.n} reclassified as gpu_hang: a reset line for its GPU followed"
     return Outcome(fixed, closed, (Event("gpu_hang", message),))

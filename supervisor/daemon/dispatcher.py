@@ -7,7 +7,6 @@ running), indexed so that a pass never scans the whole queue when nothing can st
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -16,6 +15,7 @@ import anyio.abc
 
 from supervisor.core import admission
 from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted, Stop
+from supervisor.core.evolve import evolve
 from supervisor.core.jobqueue import Key, array_kind, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
 from supervisor.core.projection import Projection
@@ -172,9 +172,7 @@ class Dispatcher:
         for job_id, r in self.table.live.items():
             for c in r.cards:
                 by_card.setdefault(c, []).append(job_id)
-        return [
-            dataclasses.replace(c, running=tuple(by_card.get(c.index, ()))) for c in self.cards()
-        ]
+        return [evolve(c, running=tuple(by_card.get(c.index, ()))) for c in self.cards()]
 
     async def dispatch_pass(self) -> float | None:
         """One admission pass; returns seconds until the next backoff expires, if any.
@@ -311,9 +309,7 @@ class Dispatcher:
         self, job_id: int, live: Live, cards: list[admission.Card], now: float, now_wall: float
     ) -> admission.Start | None:
         if live.cards:
-            shown = [
-                dataclasses.replace(c, running=()) if c.index == live.cards[0] else c for c in cards
-            ]
+            shown = [evolve(c, running=()) if c.index == live.cards[0] else c for c in cards]
             free = {"gpu": 1, "cpu": 0}
         else:
             shown, free = cards, {"gpu": 0, "cpu": 1}
@@ -323,7 +319,7 @@ class Dispatcher:
         for start in self._plan(shown, free, now, now_wall, w=len(self._claimed)).starts:
             job = self.table.jobs[start.job_id]
             if start.gpus == live.cards and not job.spec.share:
-                return dataclasses.replace(start, after=(job_id, live.attempt.n))
+                return evolve(start, after=(job_id, live.attempt.n))
         return None
 
     def _plan(

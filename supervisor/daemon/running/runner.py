@@ -8,6 +8,7 @@ and sends them to the engine, which decides what the end means (core/outcome.py)
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -64,6 +65,7 @@ class Runner:
         self.evidence = evidence
         self.monitor = monitor
         self.logs_dir = logs_dir
+        self._logs_str = str(logs_dir)
         self.abort = abort
         self.procs: dict[int, Proc] = {}
         self.keepers = keepers
@@ -122,9 +124,11 @@ class Runner:
         if job.spec.array_id is not None:
             env["GPUSV_ARRAY_ID"] = str(job.spec.array_id)
             env["GPUSV_ARRAY_INDEX"] = str(job.spec.array_index)
-        out, err = self.log_paths(job.id)
         if n > 1:  # where one attempt's output ends and the next one's starts
+            out, err = self.log_paths(job.id)
             joblogs.write_header(out, err, joblogs.header(job.id, n, now_iso()))
+        # log_paths' and index_of's names as strings, without a Path each (8 us a job)
+        base = os.path.join(self._logs_str, str(job.id))
         limit = job.spec.mem_mb if self.cfg.host_memory.enforce_declared else None
         return Spec(
             job=job.id,
@@ -132,14 +136,14 @@ class Runner:
             argv=job.spec.argv,
             cwd=job.spec.cwd,
             env=env,
-            stdout=str(out),
-            stderr=str(err),
+            stdout=base + ".out",
+            stderr=base + ".err",
             uid=uid,
             gid=gid,
             groups=groups,
             oom_score_adj=ranking.NEWEST,
             mem_max=limit and limit * 2**20,
-            index=str(joblogs.index_of(out)),
+            index=base + ".idx",
         )
 
     async def launch(self, order: Spawn) -> None:

@@ -298,7 +298,13 @@ class Writer:
 
 def _transaction(db: sqlite3.Connection, batch: list[_Write]) -> BaseException | None:
     """On the connection's thread: the batch in one transaction. A write whose own
-    statement fails gets its exception and is left out, without undoing the others."""
+    statement fails gets its exception and is left out, without undoing the others.
+
+    The writes are first run as they are, with no savepoint each (two statements a write,
+    and a GIL hand-over each, in every group commit): only when one of them fails for
+    its own statement is the transaction rolled back and the batch run again, each write
+    in a savepoint of its own. An op is a function of the connection alone, run again
+    as a retried commit runs it."""
     try:
         db.execute("BEGIN IMMEDIATE")
         if len(batch) == 1:  # alone, the transaction itself is the unit to roll back
@@ -311,7 +317,8 @@ def _transaction(db: sqlite3.Connection, batch: list[_Write]) -> BaseException |
                 db.rollback()
                 w.box.append(exc)
                 return None
-        else:
+        elif not _all_at_once(db, batch):
+            db.execute("BEGIN IMMEDIATE")
             for w in batch:
                 _savepoint(db, w)
         db.commit()
@@ -320,6 +327,23 @@ def _transaction(db: sqlite3.Connection, batch: list[_Write]) -> BaseException |
             db.rollback()
         return exc
     return None
+
+
+def _all_at_once(db: sqlite3.Connection, batch: list[_Write]) -> bool:
+    """Every write of the batch, in the open transaction; False (the transaction rolled
+    back, no write's result kept) when one failed for its own statement."""
+    results = []
+    for w in batch:
+        try:
+            results.append(w.op(db))
+        except Exception as exc:
+            if storage_reason(exc) is not None:
+                raise
+            db.rollback()
+            return False
+    for w, result in zip(batch, results, strict=True):
+        w.box.append(result)
+    return True
 
 
 def _savepoint(db: sqlite3.Connection, w: _Write) -> None:
