@@ -16,18 +16,18 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_CLASSVAR = dataclasses._FIELD_CLASSVAR  # type: ignore[attr-defined]
 _fields: dict[type, frozenset[str] | None] = {}  # None: the class needs dataclasses.replace
 
 
 def _copyable(cls: type) -> frozenset[str] | None:
-    every = cls.__dataclass_fields__.values()  # type: ignore[attr-defined]
-    fields = dataclasses.fields(cls)  # ClassVars and InitVars left out
+    # ClassVars and InitVars are not fields: an InitVar means something only to a
+    # __post_init__ (such a class goes through replace), and one named in `changes` is not
+    # an init field here, so that call goes through replace too.
+    fields = dataclasses.fields(cls)
     if (
         not cls.__dataclass_params__.init  # type: ignore[attr-defined]  # its own __init__
         or hasattr(cls, "__post_init__")
         or "__slots__" in cls.__dict__
-        or len(fields) != sum(1 for f in every if f._field_type is not _CLASSVAR)
         or any(not f.init for f in fields)
     ):
         return None
