@@ -77,6 +77,20 @@ def machine_cpu_s() -> float:
     return float(times.user + times.system + times.irq + times.softirq)
 
 
+def cpu_shares() -> tuple[float, float]:
+    """(all CPU time, the part of it stolen by the hypervisor) so far, in seconds: on a
+    shared VM a spell of steal slows every figure of wall time taken in it."""
+    t = psutil.cpu_times()
+    steal = float(getattr(t, "steal", 0.0))
+    busy = t.user + t.nice + t.system + t.irq + t.softirq  # guest time is in user already
+    return float(busy + t.idle + getattr(t, "iowait", 0.0) + steal), steal
+
+
+def steal_pct(before: tuple[float, float], after: tuple[float, float]) -> float:
+    total = after[0] - before[0]
+    return round(100 * (after[1] - before[1]) / total, 1) if total > 0 else 0.0
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.002) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -22,7 +22,9 @@ system's files are deleted until the run ends (HyperQueue's included), and befor
 round the cost of creating an empty file is measured (`file_create_us`) and reported, to
 say what the machine was like. With `--settle S` the run first waits, up to S seconds,
 for that cost to fall under QUIET_CREATE_US (the deletions of a test run age out in a
-few minutes), so that figures of different runs compare.
+few minutes), so that figures of different runs compare. Each system's share of CPU
+time stolen by the hypervisor during its round (`steal_pct`) is reported beside it: on a
+shared VM a spell of steal slows whatever runs in it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import psutil
 
 from supervisor.daemon.running import keeper_processes
 
-from .harness import BenchDaemon, machine_cpu_s
+from .harness import BenchDaemon, cpu_shares, machine_cpu_s, steal_pct
 from .jobs import measure_throughput
 from .tsp import measure_tsp
 
@@ -199,12 +201,13 @@ def table(summary: dict[str, Any]) -> str:
             lines.append(f"{name:<12} {'-':>8} {'-':>12} {'-':>15}  {s.get('skipped', '')}")
             continue
         ratio = f"{s['jobs_per_s'] / best:.2f}" if best else "-"
-        notes = ""
+        parts = [f"steal {s['steal_pct']:.0f} %"] if s.get("steal_pct") else []
         if name == "gpusv":
-            notes = (
+            parts.append(
                 f"daemon {s['daemon_cpu_ms_per_job']:.2f} ms/job, "
                 f"keepers {s['keeper_cpu_ms_per_job']:.2f} ms/job"
             )
+        notes = "; ".join(parts)
         lines.append(
             f"{name:<12} {s['jobs_per_s']:>8.0f} {ratio:>12} "
             f"{s['machine_cpu_ms_per_job']:>15.2f}  {notes}".rstrip()
@@ -235,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"peers: round {i + 1}: an empty file's creation {create_us[-1]} µs\n")
             for name in SYSTEMS:
                 root = Path(tmp) / f"{name}-{i}"
+                shares = cpu_shares()
                 rounds[name].append(_once(name, root, a.jobs))
+                rounds[name][-1]["steal_pct"] = steal_pct(shares, cpu_shares())
                 sys.stderr.write(f"peers: round {i + 1} {name}: {rounds[name][-1]}\n")
     summary = summarise(rounds)
     machine = {
