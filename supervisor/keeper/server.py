@@ -61,6 +61,7 @@ class Server:
         self.stopping = False
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
         self.terms = 0  # SIGTERMs seen and not yet logged
+        self.sync_retry_at = 0.0  # monotonic: after a sync that failed, none before this
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
         jobs.output.sel = self.sel  # jobs' output pipes are read on this loop
@@ -97,19 +98,25 @@ class Server:
             self._guarded(self._housekeeping)
             timeout = self._guarded_tick()
             self._guarded(self.net.flush_held)
-            soon = [t for t in (timeout,) if t is not None]
-            if self.reap_due:  # the pass failed: try again soon, not only at the next child
-                soon.append(REAP_RETRY_S)
-            if self.jobs.journal.pending:
-                soon.append(PENDING_RETRY_S)
-            due = self.jobs.journal.sync_deadline(SYNC_GRACE_S)
-            if due is not None:
-                soon.append(max(0.0, due - time.monotonic()))
-            if self.net.paused_until:
-                soon.append(max(0.0, self.net.paused_until - time.monotonic()))
-            timeout = min(soon) if soon else None
+            timeout = self._timeout(timeout)
             if self.stopping:
                 timeout = 0.01
+
+    def _timeout(self, ticked: float | None) -> float | None:
+        """How long the next select may wait: the jobs' timers, and what this loop must
+        try again or do by a time of its own."""
+        now = time.monotonic()
+        soon = [t for t in (ticked,) if t is not None]
+        if self.reap_due:  # the pass failed: try again soon, not only at the next child
+            soon.append(REAP_RETRY_S)
+        if self.jobs.journal.pending:
+            soon.append(PENDING_RETRY_S)
+        due = self.jobs.journal.sync_deadline(SYNC_GRACE_S)
+        if due is not None:  # a sync that failed is tried again no sooner than retry_at
+            soon.append(max(0.0, max(due, self.sync_retry_at) - now))
+        if self.net.paused_until:
+            soon.append(max(0.0, self.net.paused_until - now))
+        return min(soon) if soon else None
 
     def _guarded_tick(self) -> float | None:
         try:
@@ -160,8 +167,10 @@ class Server:
         all the same (the journal writes it again at each turn until the disk takes it)."""
         journal = self.jobs.journal
         told = self.attached is not None and not self.attached.closed
-        if journal.sync_due(time.monotonic(), SYNC_GRACE_S if told else None):
-            journal.sync()
+        now = time.monotonic()
+        if now >= self.sync_retry_at and journal.sync_due(now, SYNC_GRACE_S if told else None):
+            if not journal.sync():  # a disk that refuses: tried again, not at every turn
+                self.sync_retry_at = now + PENDING_RETRY_S
         else:
             journal.write_out()
         waiting, self.jobs.after_sync = self.jobs.after_sync, []

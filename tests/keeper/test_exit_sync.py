@@ -6,6 +6,7 @@ told. A real job (`true`), a real journal file; fdatasync is counted."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -147,3 +148,27 @@ def test_an_exit_told_to_a_gpusvd_that_then_went_away_is_synced_at_the_next_turn
     keeper.net.close(conn)  # gpusvd died before it committed and acknowledged it
     _turn(keeper)
     assert len(synced) == 1 and keeper.jobs.journal.unsynced == {}
+
+
+def test_a_sync_the_disk_refuses_is_tried_again_after_a_pause_not_at_every_turn(
+    tmp_path: Path, serving: tuple[Server, Conn, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keeper, _, _ = serving
+    tries: list[int] = []
+
+    def refuse(fd: int) -> None:
+        tries.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", refuse)
+    _run_true(keeper, tmp_path, 1)  # no gpusvd attached: its exit is due for a sync at once
+    _turn(keeper)
+    assert len(tries) == 1 and keeper.jobs.journal.unsynced  # still owed
+    timeout = keeper._timeout(None)
+    assert timeout is not None and timeout > server.PENDING_RETRY_S / 2  # the loop waits
+    _turn(keeper)
+    assert len(tries) == 1  # not again before the pause is over
+    keeper.sync_retry_at = time.monotonic()  # the pause is over
+    monkeypatch.setattr(os, "fdatasync", lambda fd: None)
+    _turn(keeper)
+    assert keeper.jobs.journal.unsynced == {}
