@@ -16,6 +16,8 @@ import pytest
 from supervisor.daemon.store import writer as store_writer
 from supervisor.daemon.store.writer import Writer
 
+from .batching import batch, committed
+
 
 @pytest.fixture
 async def writer(tmp_path: Path) -> AsyncIterator[tuple[Writer, Path]]:
@@ -28,21 +30,11 @@ async def writer(tmp_path: Path) -> AsyncIterator[tuple[Writer, Path]]:
         await db.close()
 
 
-def committed(path: Path) -> list[str]:
-    """What another connection sees: only what was committed."""
-    with sqlite3.connect(path) as other:
-        return [k for (k,) in other.execute("SELECT k FROM t ORDER BY k")]
-
-
 async def test_a_failing_write_is_undone_alone_and_the_others_of_its_batch_commit(
     writer: tuple[Writer, Path],
 ) -> None:
     w, path = writer
     seen_by_others: list[list[str]] = []
-
-    def lead(db: sqlite3.Connection) -> str:
-        db.execute("INSERT INTO t VALUES ('l0')")
-        return "lead"
 
     def first(db: sqlite3.Connection) -> str:
         db.execute("INSERT INTO t VALUES ('a1')")
@@ -59,24 +51,7 @@ async def test_a_failing_write_is_undone_alone_and_the_others_of_its_batch_commi
         db.execute("INSERT INTO t VALUES ('c1')")
         return ",".join(inside)
 
-    results: dict[str, object] = {}
-
-    async def call(name: str, op: object) -> None:
-        try:
-            results[name] = await w.write(op)  # type: ignore[arg-type]
-        except Exception as exc:
-            results[name] = exc
-
-    async with anyio.create_task_group() as tg:
-        await tg.start(w.run_writer)
-        # Started in one loop turn: the lead commits at once, by itself; the three after it
-        # queue while its commit is in flight, and the writer commits them together.
-        for name, op in (("lead", lead), ("first", first), ("bad", bad), ("last", last)):
-            tg.start_soon(call, name, op)
-        with anyio.fail_after(10):
-            while len(results) < 4:
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
+    results = await batch(w, {"first": first, "bad": bad, "last": last})
 
     assert seen_by_others == [["l0"]], "the three writes were not one transaction"
     assert results["lead"] == "lead"

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiosqlite
-import anyio
 import pytest
 
 from supervisor.daemon.store.writer import Writer
+
+from .batching import batch, committed
 
 
 @pytest.fixture
@@ -28,37 +29,6 @@ async def traced(tmp_path: Path) -> AsyncIterator[tuple[Writer, Path, list[str]]
         await db.close()
 
 
-def committed(path: Path) -> list[str]:
-    with sqlite3.connect(path) as other:
-        return [k for (k,) in other.execute("SELECT k FROM t ORDER BY k")]
-
-
-async def _batch(w: Writer, ops: dict[str, object]) -> dict[str, object]:
-    """The ops written from one loop turn after a lead write: the lead commits alone,
-    the others queue while it is in flight and the writer commits them together."""
-    results: dict[str, object] = {}
-
-    async def call(name: str, op: object) -> None:
-        try:
-            results[name] = await w.write(op)  # type: ignore[arg-type]
-        except Exception as exc:
-            results[name] = exc
-
-    def lead(db: sqlite3.Connection) -> str:
-        db.execute("INSERT INTO t VALUES ('l0')")
-        return "lead"
-
-    async with anyio.create_task_group() as tg:
-        await tg.start(w.run_writer)
-        for name, op in (("lead", lead), *ops.items()):
-            tg.start_soon(call, name, op)
-        with anyio.fail_after(10):
-            while len(results) < len(ops) + 1:
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
-    return results
-
-
 async def test_a_batch_that_succeeds_takes_no_savepoints(
     traced: tuple[Writer, Path, list[str]],
 ) -> None:
@@ -71,7 +41,7 @@ async def test_a_batch_that_succeeds_takes_no_savepoints(
 
         return op
 
-    results = await _batch(w, {k: insert(k) for k in ("a", "b", "c")})
+    results = await batch(w, {k: insert(k) for k in ("a", "b", "c")})
     assert results == {"lead": "lead", "a": "a", "b": "b", "c": "c"}
     assert committed(path) == ["a", "b", "c", "l0"]
     assert statements.count("COMMIT") == 2  # the lead's, and one for the three
@@ -100,7 +70,7 @@ async def test_a_failing_last_write_leaves_the_others_committed_once(
         db.execute("INSERT INTO t VALUES ('a')")  # a constraint: the op fails
         return "unreachable"
 
-    results = await _batch(w, {"first": first, "second": second, "bad": bad})
+    results = await batch(w, {"first": first, "second": second, "bad": bad})
     assert results["first"] == "first"
     assert results["second"] == "a,l0"  # as it saw the batch the second time, committed
     assert isinstance(results["bad"], sqlite3.IntegrityError)
