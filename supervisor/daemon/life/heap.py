@@ -3,7 +3,7 @@ and they would count in gpusvd's RSS for good."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 from collections.abc import Callable
 
@@ -15,10 +15,21 @@ def return_free_memory() -> None:
     start-up (compiling and importing a few hundred modules leaves megabytes of free
     chunks that the running daemon never reuses), after a big request (a batch of
     100,000 jobs, its parse and its answer) and when the daemon falls idle after work."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], object] | None:
+    """glibc's malloc_trim, looked up once; None where the C library has none."""
     import ctypes
 
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to return
-        ctypes.CDLL(None).malloc_trim(0)
+    try:
+        trim: Callable[[int], object] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to return
+        return None
+    return trim
 
 
 def rss_bytes() -> int:
