@@ -6,10 +6,10 @@ returned once the writes are committed; everyone else reads it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from supervisor.core.jobqueue import JobQueue
 from supervisor.core.jobs import FailureReason, Job, JobState
@@ -65,6 +65,39 @@ def line_of(job_id: int, lives: Mapping[int, Live]) -> list[int] | None:
     if live.phase is not Phase.RUNNING and live.after is None:
         return None
     return line[::-1]
+
+
+class Line(NamedTuple):
+    """A line a job may be claimed behind: its end (job, attempt), its cards, how many
+    more may join it, and the seconds its jobs are expected to take."""
+
+    end: tuple[int, int]
+    cards: tuple[int, ...]
+    room: int
+    spent_s: float
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a line may take: its front, how many more may join it, and the seconds its
+    jobs are expected to take."""
+
+    front: int
+    room: int
+    spent_s: float
+
+
+def line_room(
+    job_id: int, lives: Mapping[int, Live], depth: int, chains: bool, took: Callable[[int], float]
+) -> Room | None:
+    """The room in the line that `job_id` ends: up to `depth` waiting, or one behind a
+    running job only, where its keeper cannot park a spawn behind a parked one (`chains`);
+    and the seconds its jobs take by `took` (their kinds' last runs). None: no line."""
+    line = line_of(job_id, lives)
+    if line is None:
+        return None
+    room = depth - len(line) + 1 if chains else 2 - len(line)
+    return Room(line[0], min(room, depth - len(line) + 1), sum(map(took, line)))
 
 
 @dataclass

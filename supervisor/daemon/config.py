@@ -214,8 +214,9 @@ class JobsConfig:
     # moment it exits (docs/architecture.md, "Starting ahead"). 0: never.
     start_ahead_s: float = field(default=2.0, metadata={"parse": _number(0.0)})
     # How many jobs may wait so, one behind the other, on one card or CPU slot (and only
-    # as many as their kinds' last runs fit in start_ahead_s).
-    start_ahead_depth: int = field(default=4, metadata={"parse": _int(1)})
+    # as many as their kinds' last runs fit in start_ahead_s: this bounds lines of jobs
+    # of a few milliseconds, whose keeper must not run out of them between two passes).
+    start_ahead_depth: int = field(default=16, metadata={"parse": _int(1)})
 
 
 def _duration(value: object, key: str) -> float:

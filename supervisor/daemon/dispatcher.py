@@ -20,7 +20,7 @@ from supervisor.core.jobqueue import Key, array_kind, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
 from supervisor.core.projection import Projection
 from supervisor.core.reservation import time_left_s
-from supervisor.core.table import Live, line_of, waiting_ahead
+from supervisor.core.table import Line, Live, line_room, waiting_ahead
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
@@ -104,7 +104,7 @@ class Dispatcher:
             job = self.table.jobs[job_id]
             if job.not_before > now_wall or job_id in self.table.pending or job.held:
                 continue
-            if job_id in self._claimed:
+            if job_id in self._claimed:  # by this round, ahead
                 continue
             yield admission.Candidate(
                 job_id=job_id,
@@ -211,22 +211,33 @@ class Dispatcher:
     # ---- starting ahead ---------------------------------------------------------------
 
     async def _start_ahead(self, cards: list[admission.Card], now: float, now_wall: float) -> None:
-        """Claim the next job of each card or CPU slot while its job still runs; its keeper
-        starts it the moment that job exits, with no round trip through here. Admission
-        decides as if the running job had left its place, but still counts its memory
-        and VRAM: only a job that fits beside it is claimed ahead. A round claims one job
-        behind each line that may take one, each planned as the claims before it in the
-        round leave the table (their jobs taken, their memory and arrays counted), in one
-        Dispatch: one engine turn a round, not one a claim. Rounds follow, each on the
-        table as the last left it, until none is left to make."""
+        """Claim the next jobs of each card or CPU slot while its job still runs; its keeper
+        starts each the moment the one in front exits, with no round trip through here.
+        Admission decides as if the running job had left its place, but still counts its
+        memory and VRAM, and those of the jobs claimed behind it. A round fills each line
+        (docs/architecture.md, "Starting ahead"), each claim planned as the claims before
+        it in the round leave the table, all in one Dispatch: one engine turn and one
+        commit a round. Rounds follow until none is left to make."""
+        limit = self.cfg.jobs.start_ahead_s
         while self.last_run_s and self.table.queue and self._may_claim():
             starts, projections, self._host = [], {}, None
+            # A claim at a time behind each line in turn: the queue's order is the order in
+            # which the cards come to its jobs.
+            lines = self._followable(now_wall)
             try:
-                for job_id, live in self._followable(now_wall):
-                    start = self._ahead_of(job_id, live, cards, now, now_wall)
-                    if start is not None:
-                        starts.append(start)
+                while lines:
+                    longer = []
+                    for line in lines:
+                        start = self._ahead_of(line.cards, cards, now, now_wall)
+                        if start is None:
+                            continue
+                        starts.append(start := evolve(start, after=line.end))
                         projections[start.job_id] = self._claim(start)
+                        spent = line.spent_s + self._last_run(start.job_id)
+                        if line.room > 1 and spent <= limit:
+                            end = (start.job_id, self.table.jobs[start.job_id].attempts + 1)
+                            longer.append(Line(end, line.cards, line.room - 1, spent))
+                    lines = longer
             finally:
                 self._claimed.clear()
             if not starts:
@@ -251,12 +262,11 @@ class Dispatcher:
         return projection
 
     def _may_claim(self) -> bool:
-        """Read before each claim: while the last was committed, a drain, a pause, a
+        """Read before each round: while the last was committed, a drain, a pause, a
         storage fault or a change the next pass must plan from the start may have come
         (a job submitted while a card is idle goes there, not into a line)."""
-        if self.draining or self.paused or self.engine.store.problem is not None:
-            return False
-        return not self.stale
+        problem = self.engine.store.problem
+        return not (self.draining or self.paused or problem is not None or self.stale)
 
     def waiting_ahead(self) -> list[tuple[int, Live]]:
         """Jobs claimed ahead that still wait for the job in front, and are not being
@@ -275,7 +285,7 @@ class Dispatcher:
         for job_id in chosen:
             await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
-    def _followable(self, now_wall: float) -> list[tuple[int, Live]]:
+    def _followable(self, now_wall: float) -> list[Line]:
         """Jobs a next one may be claimed behind: not being stopped, on one card of their
         own or a CPU slot, nothing claimed behind them yet, each at the end of a line
         (itself, or behind a job up for less than `start_ahead_s`) whose kinds' last
@@ -294,32 +304,30 @@ class Dispatcher:
                 continue
             if self.last_run_s.get(spec.mem_key, limit + 1) > limit:
                 continue
-            line = line_of(job_id, lives)
-            if line is None or (len(line) > 1 and not self.can_chain(live.cards)):
-                continue
+            chains = self.can_chain(live.cards)
+            line = line_room(job_id, lives, depth, chains, self._last_run)
             # The next job would start once the whole line has run: it must be expected
             # to, by its kinds' last runs, within start_ahead_s.
-            if len(line) > depth or sum(map(self._last_run, line)) > limit:
+            if line is None or line.room <= 0 or line.spent_s > limit:
                 continue
-            if now_wall - epoch_from_iso(lives[line[0]].attempt.started_at) < limit:
-                out.append((job_id, live))
+            if now_wall - epoch_from_iso(lives[line.front].attempt.started_at) < limit:
+                out.append(Line((job_id, live.attempt.n), live.cards, line.room, line.spent_s))
         return out
 
     def _ahead_of(
-        self, job_id: int, live: Live, cards: list[admission.Card], now: float, now_wall: float
+        self, line_cards: tuple[int, ...], cards: list[admission.Card], now: float, now_wall: float
     ) -> admission.Start | None:
-        if live.cards:
-            shown = [evolve(c, running=()) if c.index == live.cards[0] else c for c in cards]
-            free = {"gpu": 1, "cpu": 0}
-        else:
-            shown, free = cards, {"gpu": 0, "cpu": 1}
+        """The job to claim at the end of a line on `line_cards` (one card, or none: a CPU
+        slot)."""
+        shown = [evolve(c, running=()) if (c.index,) == line_cards else c for c in cards]
+        free = {"gpu": 1, "cpu": 0} if line_cards else {"gpu": 0, "cpu": 1}
         free.update(self.table.array_room(self._claimed))
         # Only its start is wanted, not the others' holds: the first settled job that this
         # round has not claimed is read alone, and more only where it does not fit.
         for start in self._plan(shown, free, now, now_wall, w=len(self._claimed)).starts:
             job = self.table.jobs[start.job_id]
-            if start.gpus == live.cards and not job.spec.share:
-                return evolve(start, after=(job_id, live.attempt.n))
+            if start.gpus == line_cards and not job.spec.share:
+                return start
         return None
 
     def _plan(

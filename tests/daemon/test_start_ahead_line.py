@@ -106,8 +106,8 @@ async def test_one_pass_claims_the_whole_line_of_every_card_and_its_claims_wake_
 async def test_the_claims_of_one_round_share_one_reading_of_the_host_s_memory(
     store: Store,
 ) -> None:
-    """A round plans one claim behind each card; the host's memory is read once for all
-    of them, and again for the next round (the one before it waited for its commit)."""
+    """A round fills every card's line; the host's memory is read once for all of its
+    claims, and again for the next round (which finds nothing more to claim)."""
     m = await two_cards_running(store)
     readings: list[int] = []
 
@@ -120,13 +120,15 @@ async def test_the_claims_of_one_round_share_one_reading_of_the_host_s_memory(
     ahead = sorted((r.after[0], j) for j, r in m.table.live.items() if r.after is not None)
     assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
     # The pass's own plan (which commits the holds of the jobs that wait), then one
-    # reading a round, each before its claims, the table as the last commit left it.
-    assert readings == [2, 2, 4]
+    # reading for the round's claims, the table as the pass's commit left it.
+    assert readings == [2, 2]
 
 
 async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
     store: Store,
 ) -> None:
+    """A round fills the lines; a pause that came while it committed stops the pass,
+    though a job in front has since left a line room for one more."""
     m = await two_cards_running(store)
     real, calls = m.sched.cards_now, []
 
@@ -134,13 +136,14 @@ async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
         calls.append(1)
         if len(calls) == 3:  # read after the first round's claims: `gpusv pause` came meanwhile
             m.sched.paused = True
+            m.table.live.pop(1)  # the front of card 0's line left (as its end would)
         return real()
 
     m.sched.cards_now = cards_now  # type: ignore[method-assign]
     await m.dispatch()
-    # The first round claimed one job behind each card, in one commit; none after it.
-    ahead = [(r.after[0], j) for j, r in m.table.live.items() if r.after is not None]
-    assert ahead == [(1, 3), (2, 4)]
+    # The first round claimed the whole line of each card, in one commit; none after it.
+    ahead = sorted((r.after[0], j) for j, r in m.table.live.items() if r.after is not None)
+    assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
 
 
 async def running_two(store: Store, *specs: JobSpec) -> Machine:
@@ -228,9 +231,10 @@ async def test_a_start_told_while_a_pass_claims_lets_it_go_on_claiming(store: St
     assert m.sched.wake.is_set()  # a pass follows, to follow what started
 
 
-async def test_a_round_claims_behind_every_line_in_one_dispatch(store: Store) -> None:
-    """One job behind each card's line, planned in turn and committed together: one engine
-    turn for the round, not one for each claim."""
+async def test_a_round_fills_every_line_in_one_dispatch(store: Store) -> None:
+    """A job behind each card's line, then one behind each of those, planned in turn (the
+    queue's order is the order the cards come to its jobs) and committed together: one
+    engine turn for the round, not one for each claim."""
     m = await two_cards_running(store)
     real, dispatched = m.engine.do, []
 
@@ -241,7 +245,7 @@ async def test_a_round_claims_behind_every_line_in_one_dispatch(store: Store) ->
 
     m.engine.do = do  # type: ignore[assignment,method-assign]
     await m.dispatch()
-    assert dispatched == [[(3, (1, 1)), (4, (2, 1))], [(5, (3, 1)), (6, (4, 1))]]
+    assert dispatched == [[(3, (1, 1)), (4, (2, 1)), (5, (3, 1)), (6, (4, 1))]]
 
 
 async def test_a_claim_of_a_round_counts_the_memory_of_those_claimed_before_it(

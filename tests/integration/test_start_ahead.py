@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from supervisor.daemon.config import JobsConfig
+
 from .conftest import Daemon
 from .test_gpu_hangs import XID_109_CARD0
 
@@ -219,19 +221,20 @@ def test_two_jobs_wait_one_behind_the_other_and_start_in_turn(
     assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
 
 
-def test_by_default_four_wait_in_line_behind_a_short_job_and_all_run_in_turn(
+def test_by_default_sixteen_wait_in_line_behind_a_short_job_and_all_run_in_turn(
     make_daemon: Callable[..., Daemon],
 ) -> None:
     d = make_daemon(gpus="1x8G", config=AHEAD.replace("start_ahead_depth = 2\n", ""))
+    assert JobsConfig().start_ahead_depth == 16
     first, _ = gated_then_behind(d, 0)
-    line = [d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=0) for _ in range(3)]
-    d.wait_for(lambda: all(d.show(j)["starting"] for j in line), what="a line of four")
-    fifth = d.submit("true", mem_key=KEY, gpus=0)
-    held = d.wait_for(lambda: (j := d.show(fifth))["waiting_for"] and j, what="a hold")
+    line = [d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=0) for _ in range(15)]
+    d.wait_for(lambda: all(d.show(j)["starting"] for j in line), what="a line of sixteen")
+    last = d.submit("true", mem_key=KEY, gpus=0)
+    held = d.wait_for(lambda: (j := d.show(last))["waiting_for"] and j, what="a hold")
     assert held["state"] == "queued" and not held["starting"]
     (d.root / "go").touch()
-    assert all(d.wait_done(j)["state"] == "succeeded" for j in [first, *line, fifth])
-    assert (d.root / "b").read_text() == "ran\n" and (d.root / "c").read_text() == "ran\n" * 3
+    assert all(d.wait_done(j)["state"] == "succeeded" for j in [first, *line, last])
+    assert (d.root / "b").read_text() == "ran\n" and (d.root / "c").read_text() == "ran\n" * 15
 
 
 def test_a_hang_of_its_card_puts_the_whole_chain_behind_it_back_in_the_queue(

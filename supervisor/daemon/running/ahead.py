@@ -1,6 +1,7 @@
 """Spawns started ahead that their keepers hold back, until the spawn call returns: what
 the runner drops before a hung job is killed, and waits on before a drain stops the jobs
-in front."""
+in front; and, until each is on its keeper's connection, what a spawn claimed behind it
+in the same round waits for."""
 
 from __future__ import annotations
 
@@ -20,6 +21,30 @@ class Ahead:
     after: tuple[int, int]
     drop: Drop = field(default_factory=Drop)  # asked: its keeper drops it
     answered: anyio.Event = field(default_factory=anyio.Event)  # its spawn call returned
+
+
+@dataclass
+class Sending:
+    """A spawn started ahead, from its order until its request is on its keeper's
+    connection (`sent`), or known never to be (`over`, not `sent`). A keeper starts a
+    spawn whose `after` it has never heard of at once: so the spawn behind this one in its
+    line is sent only once this one was, and not at all if this one never is."""
+
+    front: Sending | None = None  # the spawn ahead in its line, if not yet sent when ordered
+    sent: bool = False
+    over: anyio.Event = field(default_factory=anyio.Event)
+
+    def written(self) -> None:
+        self.sent = True
+        self.over.set()
+
+    async def front_sent(self) -> bool:
+        """Whether the spawn in front, if one was still to be sent, reached its keeper."""
+        front, self.front = self.front, None
+        if front is None:
+            return True
+        await front.over.wait()
+        return front.sent
 
 
 def behind(aheads: dict[int, Ahead], job_id: int) -> list[Ahead]:

@@ -98,6 +98,7 @@ class Keeper:
         drop: Drop | None = None,
         drop_grace_s: float = 0.0,
         deadline_s: float | None = None,
+        written: Callable[[], None] | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
         """The request's answer. With `drop`: asked before the answer came, a `kill` of
@@ -106,7 +107,7 @@ class Keeper:
         if self._back is not None:  # connecting again to a keeper that lives
             with anyio.move_on_after(link.RECONNECT_S + link.CALL_DEADLINE_S):
                 await self._back.wait()
-        return await self._call(op, drop, drop_grace_s, fields, deadline_s)
+        return await self._call(op, drop, drop_grace_s, fields, deadline_s, written)
 
     async def _call(
         self,
@@ -115,6 +116,7 @@ class Keeper:
         drop_grace_s: float,
         fields: dict[str, Any],
         deadline_s: float | None = None,
+        written: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         if self.gone:
             raise KeeperGone(f"keeper {self.name} is gone")
@@ -127,6 +129,8 @@ class Keeper:
         except (KeeperGone, KeeperError):
             self._replies.pop(rid, None)
             raise
+        if written is not None:
+            written()
         if drop is None:
             if op == "spawn":  # answered from the records if the connection is lost
                 self._spawning[rid] = (fields["job"], fields["attempt"])

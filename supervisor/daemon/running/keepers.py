@@ -158,18 +158,22 @@ class Keepers:
         after: Key | None = None,
         drop: Drop | None = None,
         grace_s: float = 0.0,
+        written: Callable[[], None] | None = None,
     ) -> KeptProcess:
         """Start the job through the named keeper; with `after`, once that attempt (of the
-        same keeper) has exited, unless `drop` is asked first. Raises SpawnError with a
-        readable reason (including when no keeper can be started), SpawnDropped for a
-        spawn after another that never ran."""
+        same keeper) has exited, unless `drop` is asked first. `written` is called once
+        the request is on the keeper's connection. Raises SpawnError with a readable
+        reason (including when no keeper can be started), SpawnDropped for a spawn after
+        another that never ran."""
         fields = _spawn_fields(spec)
         if after is not None:
             fields["after"] = {"job": after[0], "attempt": after[1]}
         try:
             keeper, _ = await self.ensure(name)
             drop = drop if after else None
-            answer = await keeper.call("spawn", drop=drop, drop_grace_s=grace_s, **fields)
+            answer = await keeper.call(
+                "spawn", drop=drop, drop_grace_s=grace_s, written=written, **fields
+            )
         except KeeperError as exc:
             if exc.code == "dropped":
                 raise SpawnDropped(exc.message) from None

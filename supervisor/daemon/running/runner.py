@@ -29,7 +29,7 @@ from supervisor.daemon.clock import now_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running import oom_scores as oom
-from supervisor.daemon.running.ahead import Ahead, answers, behind
+from supervisor.daemon.running.ahead import Ahead, Sending, answers, behind
 from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill_through
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
@@ -74,6 +74,7 @@ class Runner:
         self._tg: anyio.abc.TaskGroup | None = None
         self._early: list[Spawn | Kill] = []  # orders published before run() began
         self._ahead: dict[int, Ahead] = {}  # started ahead, its spawn not answered yet
+        self._sending: dict[int, Sending] = {}  # ordered ahead, its spawn not written yet
         broker.subscribe(Spawn, self._order)
         broker.subscribe(Kill, self._order)
 
@@ -95,6 +96,9 @@ class Runner:
         if self._tg is None:
             self._early.append(order)
         elif isinstance(order, Spawn):
+            if order.after is not None:  # in order: the spawn in front was ordered before it
+                front = self._sending.get(order.after[0])
+                self._sending[order.job.id] = Sending(front)
             self._tg.start_soon(self.launch, order)
         else:
             self._tg.start_soon(self.kill, order)
@@ -149,11 +153,22 @@ class Runner:
     async def launch(self, order: Spawn) -> None:
         """Start the process unless the engine has given the attempt up meanwhile (a
         cancel before the start); then wait for it and report its end."""
+        sending = self._sending.get(order.job.id)
+        try:
+            p = await self._start(order, sending)
+        finally:
+            if sending is not None:
+                sending.over.set()
+                del self._sending[order.job.id]
+        if p is not None:
+            await self._watch(p)
+
+    async def _start(self, order: Spawn, sending: Sending | None) -> Proc | None:
         job_id, n = order.job.id, order.attempt.n
         await self.engine.do(Spawning(job_id, n))
         live = self.engine.table.live.get(job_id)
         if live is None or live.attempt.n != n or live.phase is not Phase.SPAWNING:
-            return
+            return None
         name = keeper_name(order.cards)
         ahead = None
         if order.after is not None:
@@ -163,7 +178,10 @@ class Runner:
             grace = self.cfg.jobs.kill_grace_s
             drop = ahead.drop if ahead else None
             try:
-                handle = await self.keepers.spawn(name, spec, order.after, drop, grace)
+                if sending is not None and not await sending.front_sent():
+                    raise SpawnDropped("the spawn in front of it never reached its keeper")
+                written = sending.written if sending else None
+                handle = await self.keepers.spawn(name, spec, order.after, drop, grace, written)
             finally:
                 if ahead is not None:
                     ahead.answered.set()
@@ -183,10 +201,10 @@ class Runner:
             )
             await self.engine.do(Ended(job_id, n, facts))
             await self.keepers.forget(name, (job_id, n))
-            return
+            return None
         except SpawnDropped as exc:
             await self._dropped(job_id, n, name, exc)
-            return
+            return None
         p = Proc(job_id, n, order.cards, order.seq, time.monotonic(), handle)
         p.oom_score_adj = spec.oom_score_adj  # set by the keeper before exec
         if handle.record.memcg is None:  # a v1 memory cgroup of its own counts its kills
@@ -194,7 +212,7 @@ class Runner:
         self.procs[job_id] = p
         self.rank()
         await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))
-        await self._watch(p)
+        return p
 
     async def _dropped(self, job_id: int, n: int, name: str, exc: SpawnDropped) -> None:
         """A spawn started ahead that never ran: its end has no process (the engine adds

@@ -40,6 +40,21 @@ async def test_lines_go_out_in_utf8_as_a_client_sends_them_and_over_the_limit_ne
     assert keeper._replies == {}
 
 
+async def test_a_spawn_says_when_it_is_on_the_connection_and_not_when_it_was_refused() -> None:
+    keeper, t = _keeper()
+    written: list[int] = []
+    call = asyncio.ensure_future(
+        keeper.call("spawn", written=lambda: written.append(len(t.sent)), job=1, attempt=1)
+    )
+    await asyncio.sleep(0)
+    assert written == [1]  # once its line was on the connection, before any answer
+    call.cancel()
+    with pytest.raises(KeeperError):
+        env = {"BIG": "x" * MAX_KEEPER_LINE}
+        await keeper.call("spawn", written=lambda: written.append(0), env=env, job=2, attempt=1)
+    assert written == [1]
+
+
 async def test_a_call_unanswered_past_its_deadline_fails_and_the_keeper_is_said_stuck(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
