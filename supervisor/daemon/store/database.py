@@ -63,7 +63,7 @@ class Store(Writer):
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             os.close(fd)
             os.chmod(path, 0o600)
-            ids = IdMark(path)
+            ids = IdMark(path, logs_dir)
         except OSError as exc:
             raise StoreOpenError(f"{path}: {exc.strerror}") from None
         try:

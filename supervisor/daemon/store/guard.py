@@ -3,8 +3,9 @@
 A database that cannot be read is a one-line error at start (gpusvd exits 2), never a
 traceback, a hang, or an empty start over the state of earlier jobs. Job ids are never
 handed out twice, even when the database lost its tail (restored from a backup, a lost
-WAL): the highest id handed out is also kept in a file of its own, and a start
-continues after the newest id that the database, that file or a job's log names.
+WAL): the highest id handed out is also kept in a file of its own (and a copy of it in
+the logs directory), and a start continues after the newest id that the database, that
+file, its copy or a job's log names.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from supervisor.daemon.store.schema import MIGRATIONS, SCHEMA_VERSION
 log = structlog.get_logger("gpusvd.store")
 
 _LOG_NAME = re.compile(r"^(\d+)\.(out|err)$")
+ID_COPY = "newest-id"  # the id mark's copy among the logs, where a job that wrote nothing has none
 
 
 class StoreOpenError(Exception):
@@ -39,7 +41,11 @@ def newest_log_id(logs_dir: Path) -> int:
                     newest = max(newest, int(m.group(1)))
     except FileNotFoundError:
         return 0
-    return newest
+    try:
+        raw = (logs_dir / ID_COPY).read_bytes().decode("ascii", "replace").strip()
+    except OSError:
+        raw = ""
+    return max(newest, int(raw) if raw.isdigit() else 0)
 
 
 def check_database_file(path: Path, logs_dir: Path) -> None:
@@ -68,21 +74,43 @@ class IdMark:
     fixed-width record) inside every transaction that inserts jobs, before it commits.
     Not fsynced: SQLite's synchronous=FULL already keeps a committed tail across a power
     loss; this mark keeps ids unique across what SQLite cannot see (a database restored
-    from a backup, a lost WAL file, a lost tail of any kind while the machine ran)."""
+    from a backup, a lost WAL file, a lost tail of any kind while the machine ran). A copy
+    goes to the logs directory (`ID_COPY`), where a restore of the state files does not
+    reach and a job that wrote nothing left no log of its own."""
 
-    def __init__(self, db_path: Path) -> None:
+    def __init__(self, db_path: Path, logs_dir: Path | None = None) -> None:
         self.path = db_path.with_name(db_path.name + ".ids")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        raw = os.pread(self.fd, 64, 0).decode("ascii", "replace").strip()
+        self.fds = [_open_mark(self.path)]
+        raw = os.pread(self.fds[0], 64, 0).decode("ascii", "replace").strip()
         self.value = int(raw) if raw.isdigit() else 0  # torn or empty: the logs still count
+        if logs_dir is not None:
+            try:
+                logs_dir.mkdir(exist_ok=True)
+                self.fds.append(copy := _open_mark(logs_dir / ID_COPY))
+                if not os.pread(copy, 64, 0):  # its block taken now, not in a transaction
+                    os.pwrite(copy, _record(self.value), 0)
+            except BaseException:
+                self.close()
+                raise
 
     def raise_to(self, last_id: int) -> None:
         if last_id > self.value:
-            os.pwrite(self.fd, f"{last_id:020d}\n".encode(), 0)
+            for fd in self.fds:
+                os.pwrite(fd, _record(last_id), 0)
             self.value = last_id
 
     def close(self) -> None:
-        os.close(self.fd)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def _open_mark(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _record(last_id: int) -> bytes:
+    return f"{last_id:020d}\n".encode()
 
 
 async def prepare(db: aiosqlite.Connection, id_floor: int) -> int:

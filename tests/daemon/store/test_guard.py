@@ -65,6 +65,24 @@ def test_the_mark_only_rises_and_survives_a_torn_write(tmp_path: Path) -> None:
     torn.close()
 
 
+def test_the_mark_has_a_copy_among_the_logs_that_the_logs_id_reads(tmp_path: Path) -> None:
+    """A job that wrote nothing has no log: the copy marks its id among the logs."""
+    db, logs = tmp_path / "gpusv.db", tmp_path / "logs"
+    mark = IdMark(db, logs)
+    assert (logs / "newest-id").read_text() == "00000000000000000000\n"  # its block taken
+    mark.raise_to(42)
+    mark.close()
+    assert (logs / "newest-id").read_text() == "00000000000000000042\n"
+    (tmp_path / "gpusv.db.ids").unlink()  # the state file lost: its copy still tells
+    assert newest_log_id(logs) == 42
+    (logs / "7.out").write_text("")
+    assert newest_log_id(logs) == 42
+    (logs / "newest-id").write_text("0000000\0")  # torn: the job logs still count
+    assert newest_log_id(logs) == 7
+    with pytest.raises(StoreOpenError, match="holds logs of jobs up to 7"):
+        check_database_file(db, logs)
+
+
 async def test_ids_continue_after_what_the_database_lost(tmp_path: Path) -> None:
     db = tmp_path / "gpusv.db"
     store = await Store.open(db)
@@ -73,7 +91,6 @@ async def test_ids_continue_after_what_the_database_lost(tmp_path: Path) -> None
     mark = IdMark(db)
     mark.raise_to(30)  # a tail the database lost, that the mark remembers
     mark.close()
-    (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "45.err").write_text("")  # and a log of a later job still
     store = await Store.open(db)
     try:
