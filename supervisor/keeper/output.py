@@ -138,11 +138,9 @@ class Relay:
         if sink.err_r != sink.out_r:
             output.open_pipes[sink.err_r] = STDERR
         self.outputs[output.key] = output
-        # Its stdout file exists from the start, output or not: the job's mark in the
-        # logs directory (a database that lost its tail takes its next id from there).
-        # Stderr's, the index's, at their first byte.
-        with contextlib.suppress(OSError):  # a full disk: tried again at the first byte
-            self._file(output, STDOUT)
+        # Each file at its first byte: a job that writes nothing costs no file (creating
+        # one is the keeper's dearest step on a file system that has just deleted many),
+        # and the ids handed out are marked by the store, not by the logs (store/guard.py).
         if self.sel is not None:
             for fd in output.open_pipes:
                 self.sel.register(fd, selectors.EVENT_READ, lambda fd=fd: self.readable(output, fd))

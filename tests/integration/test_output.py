@@ -44,6 +44,22 @@ def test_a_job_that_prints_then_raises_shows_both_in_order(daemon: Daemon) -> No
     assert daemon.cli("logs", "--tail", "1", str(job)).stdout == "[stderr] ValueError: boom\n"
 
 
+def test_a_job_that_writes_nothing_makes_no_file_and_its_logs_are_empty(daemon: Daemon) -> None:
+    quiet = daemon.submit("true", gpus=0)
+    loud = daemon.submit("sh", "-c", "echo out; echo err >&2", gpus=0)
+    daemon.wait_done(quiet)
+    daemon.wait_done(loud)
+    logs = daemon.state / "logs"
+    assert sorted(p.name for p in logs.glob(f"{quiet}.*")) == []
+    assert sorted(p.name for p in logs.glob(f"{loud}.*")) == [
+        f"{loud}.{s}" for s in ["err", "idx", "out"]
+    ]
+    for form in ([], ["--stdout"], ["--stderr"], ["--json"], ["--tail", "3"], ["--follow"]):
+        shown = daemon.cli("logs", *form, str(quiet))
+        assert (shown.returncode, shown.stdout) == (0, ""), form
+    assert (logs / "newest-id").read_text() == f"{max(quiet, loud):020d}\n"
+
+
 def test_show_and_wait_say_why_a_job_could_not_start(daemon: Daemon) -> None:
     job = daemon.submit("no-such-program-here", gpus=0)
     waited = daemon.cli("wait", str(job), check=False)
