@@ -72,9 +72,10 @@ def time_command(
 
 
 def machine_cpu_s() -> float:
-    """CPU seconds spent by the whole machine so far, all CPUs together."""
+    """CPU seconds spent by the whole machine so far, all CPUs together (a niced
+    process's time is counted apart from `user`: a peer may nice its workers)."""
     times = psutil.cpu_times()
-    return float(times.user + times.system + times.irq + times.softirq)
+    return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
 def cpu_shares() -> tuple[float, float]:

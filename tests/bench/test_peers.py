@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import peers
+import psutil
+import pytest
+
+from bench import harness, peers
 
 
 def _gpusv(rate: float) -> dict[str, Any]:
@@ -51,3 +54,13 @@ def test_a_skipped_peer_is_said_and_left_out_of_the_ratios() -> None:
 def test_the_floor_starts_every_process() -> None:
     floor = peers.measure_floor(20)
     assert floor["jobs"] == 20 and floor["jobs_per_s"] > 0
+
+
+def test_the_machine_s_cpu_counts_niced_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/stat keeps a niced process's time apart from `user`: a peer may nice its
+    workers, and its figures would then leave their CPU out."""
+    kind = type(psutil.cpu_times())
+    fields = dict.fromkeys(kind._fields, 0.0)
+    fields.update(user=1.0, nice=2.0, system=0.5, idle=100.0)
+    monkeypatch.setattr(psutil, "cpu_times", lambda: kind(**fields))
+    assert harness.machine_cpu_s() == 3.5
