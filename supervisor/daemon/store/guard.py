@@ -80,29 +80,38 @@ class IdMark:
 
     def __init__(self, db_path: Path, logs_dir: Path | None = None) -> None:
         self.path = db_path.with_name(db_path.name + ".ids")
-        self.fds = [_open_mark(self.path)]
-        raw = os.pread(self.fds[0], 64, 0).decode("ascii", "replace").strip()
+        self.fd = _open_mark(self.path)
+        raw = os.pread(self.fd, 64, 0).decode("ascii", "replace").strip()
         self.value = int(raw) if raw.isdigit() else 0  # torn or empty: the logs still count
+        self.copy = -1  # the copy: a fallback, never a reason to refuse a start or a write
         if logs_dir is not None:
             try:
                 logs_dir.mkdir(exist_ok=True)
-                self.fds.append(copy := _open_mark(logs_dir / ID_COPY))
-                if not os.pread(copy, 64, 0):  # its block taken now, not in a transaction
-                    os.pwrite(copy, _record(self.value), 0)
-            except BaseException:
-                self.close()
-                raise
+                self.copy = _open_mark(logs_dir / ID_COPY)
+                if not os.pread(self.copy, 64, 0):  # its block taken now, not in a transaction
+                    os.pwrite(self.copy, _record(self.value), 0)
+            except OSError as exc:  # a full or read-only logs directory: tried at next start
+                log.warning("the id mark's copy is not kept", path=str(logs_dir), why=str(exc))
+                self._drop_copy()
 
     def raise_to(self, last_id: int) -> None:
         if last_id > self.value:
-            for fd in self.fds:
-                os.pwrite(fd, _record(last_id), 0)
+            os.pwrite(self.fd, _record(last_id), 0)
+            if self.copy >= 0:
+                try:
+                    os.pwrite(self.copy, _record(last_id), 0)
+                except OSError:
+                    self._drop_copy()
             self.value = last_id
 
+    def _drop_copy(self) -> None:
+        if self.copy >= 0:
+            os.close(self.copy)
+            self.copy = -1
+
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        self._drop_copy()
+        os.close(self.fd)
 
 
 def _open_mark(path: Path) -> int:

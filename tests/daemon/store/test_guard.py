@@ -83,6 +83,19 @@ def test_the_mark_has_a_copy_among_the_logs_that_the_logs_id_reads(tmp_path: Pat
         check_database_file(db, logs)
 
 
+def test_a_logs_directory_that_refuses_the_copy_costs_nothing_but_the_copy(
+    tmp_path: Path,
+) -> None:
+    """The copy is a fallback: a full or broken logs directory never stops a start or a
+    write (the full-disk case end to end: tests/integration/test_output.py)."""
+    db, logs = tmp_path / "gpusv.db", tmp_path / "logs"
+    logs.write_text("not a directory")
+    mark = IdMark(db, logs)
+    mark.raise_to(9)
+    mark.close()
+    assert (tmp_path / "gpusv.db.ids").read_text() == "00000000000000000009\n"
+
+
 async def test_ids_continue_after_what_the_database_lost(tmp_path: Path) -> None:
     db = tmp_path / "gpusv.db"
     store = await Store.open(db)
