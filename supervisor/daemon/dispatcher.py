@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import anyio
 import anyio.abc
@@ -16,10 +17,10 @@ import anyio.abc
 from supervisor.core import admission
 from supervisor.core.commands import AttemptEnded, Changed, Dispatch, ProcessStarted, Stop
 from supervisor.core.evolve import evolve
+from supervisor.core.in_use import running_jobs
 from supervisor.core.jobqueue import Key, array_kind, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
 from supervisor.core.projection import Projection
-from supervisor.core.reservation import time_left_s
 from supervisor.core.table import Line, Live, line_room, waiting_ahead
 from supervisor.daemon.broker import Broker
 from supervisor.daemon.clock import epoch_from_iso
@@ -29,6 +30,13 @@ from supervisor.daemon.run_times import RunTimes
 from supervisor.daemon.store.memory_book import MemoryBook
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
+
+
+class Reading(NamedTuple):
+    host: admission.HostMemory
+    lives: list[
+        admission.RunningJob
+    ]  # the table's running and claimed jobs, as admission sees them
 
 
 class CardsChanged:
@@ -66,7 +74,7 @@ class Dispatcher:
         self.wake = anyio.Event()
         self.stale = False  # the table changed since this pass planned (see _may_claim)
         self._claimed: dict[int, admission.RunningJob] = {}  # this round's claims ahead
-        self._host: admission.HostMemory | None = None  # this round's reading (_host_once)
+        self._round: Reading | None = None  # this round's reading (_read_once)
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         self.available_mb = available_mb  # MemAvailable, read at each pass
@@ -121,21 +129,10 @@ class Dispatcher:
             )
 
     def running_use(self) -> list[admission.RunningJob]:
-        lives, now_wall = self.table.live, time.time()
-        return [
-            admission.RunningJob(
-                job_id=job_id,
-                projected_mb=r.projection.projected_mb if r.projection else None,
-                rss_mb=self.rss_mb(job_id),
-                gpus=r.cards,
-                vram_reserved_mb=r.vram_reserved_mb,
-                shared=spec.share if spec else False,
-                array=spec.array_id if spec else None,
-                ends_in_s=time_left_s(job_id, lives, self.table.jobs, now_wall),
-            )
-            for job_id, r in lives.items()
-            for spec in [self._spec(job_id)]
-        ] + list(self._claimed.values())
+        return self._live_use() + list(self._claimed.values())
+
+    def _live_use(self) -> list[admission.RunningJob]:
+        return running_jobs(self.table.live, self.table.jobs, self.rss_mb, time.time())
 
     def _spec(self, job_id: int) -> JobSpec | None:
         job = self.table.jobs.get(job_id)
@@ -149,11 +146,12 @@ class Dispatcher:
         """`gpusv pause` / `resume`: while paused, no pass starts anything."""
         self.paused = paused
 
-    def _host_once(self) -> admission.HostMemory:
-        """The host's memory, read once a round: the plans of one round share it."""
-        if self._host is None:
-            self._host = self.host()
-        return self._host
+    def _read_once(self) -> Reading:
+        """The host's memory and the running jobs' use, read once a round: the plans of
+        one round share them (nothing awaits within a round; its own claims are added)."""
+        if self._round is None:
+            self._round = Reading(self.host(), self._live_use())
+        return self._round
 
     def host(self) -> admission.HostMemory:
         return admission.HostMemory(
@@ -178,7 +176,7 @@ class Dispatcher:
         """One admission pass; returns seconds until the next backoff expires, if any.
         What asks for a pass while it runs sets `wake` (the next pass follows at once);
         a change of the table also sets `stale`, which stops its claims ahead."""
-        self.wake, self.stale, self._host = anyio.Event(), False, None
+        self.wake, self.stale, self._round = anyio.Event(), False, None
         if self.draining or self.paused or not self.table.queue:
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
@@ -220,7 +218,7 @@ class Dispatcher:
         commit a round. Rounds follow until none is left to make."""
         limit = self.cfg.jobs.start_ahead_s
         while self.last_run_s and self.table.queue and self._may_claim():
-            starts, projections, self._host = [], {}, None
+            starts, projections, self._round = [], {}, None
             # A claim at a time behind each line in turn: the queue's order is the order in
             # which the cards come to its jobs.
             lines = self._followable(now_wall)
@@ -342,7 +340,8 @@ class Dispatcher:
         first K + w when K units of it are free. That is the whole queue's plan if its
         starts used the K units up before the first job left out (those after it would be
         held as they are); else w grows and the plan is made again."""
-        host, running = self._host_once(), self.running_use()
+        host, lives = self._read_once()
+        running = lives + list(self._claimed.values())
         limit = self.cfg.host_memory.max_backfill_wait_s
         while True:
             ends = self.table.queue.ends(free, w)

@@ -106,8 +106,8 @@ async def test_one_pass_claims_the_whole_line_of_every_card_and_its_claims_wake_
 async def test_the_claims_of_one_round_share_one_reading_of_the_host_s_memory(
     store: Store,
 ) -> None:
-    """A round fills every card's line; the host's memory is read once for all of its
-    claims, and again for the next round (which finds nothing more to claim)."""
+    """A round fills every card's line; the host's memory and the running jobs' use are
+    read once for all of its claims."""
     m = await two_cards_running(store)
     readings: list[int] = []
 
@@ -116,12 +116,22 @@ async def test_the_claims_of_one_round_share_one_reading_of_the_host_s_memory(
         return HOST
 
     m.sched.host = host  # type: ignore[method-assign]
+    uses: list[int] = []
+    live_use = m.sched._live_use
+
+    def counted() -> list[admission.RunningJob]:
+        uses.append(len(m.table.live))
+        return live_use()
+
+    m.sched._live_use = counted  # type: ignore[method-assign]
     await m.dispatch()
     ahead = sorted((r.after[0], j) for j, r in m.table.live.items() if r.after is not None)
     assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
     # The pass's own plan (which commits the holds of the jobs that wait), then one
-    # reading for the round's claims, the table as the pass's commit left it.
+    # reading for the round's claims, the table as the pass's commit left it; the running
+    # jobs' use is read with it, and each claim of the round added to it.
     assert readings == [2, 2]
+    assert uses == [2, 2]
 
 
 async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
