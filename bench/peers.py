@@ -24,7 +24,10 @@ say what the machine was like. With `--settle S` the run first waits, up to S se
 for that cost to fall under QUIET_CREATE_US (the deletions of a test run age out in a
 few minutes), so that figures of different runs compare. Each system's share of CPU
 time stolen by the hypervisor during its round (`steal_pct`) is reported beside it: on a
-shared VM a spell of steal slows whatever runs in it.
+shared VM a spell of steal slows whatever runs in it. And before each round a fixed loop
+of plain Python is timed (`python_ms`), with the CPU's model in the machine's figures:
+the same VM may be given a host whose cores run Python at half the speed of another's,
+and gpusv, written in Python, moves with that more than its peers do.
 """
 
 from __future__ import annotations
@@ -96,6 +99,25 @@ def file_create_us(root: Path, files: int = 200) -> float:
     for i in range(files):
         os.close(os.open(probe / str(i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     return round(1e6 * (time.process_time() - began) / files, 1)
+
+
+def python_ms(n: int = 1_000_000) -> float:
+    """CPU ms of a fixed loop of plain Python (the sum of range(n)), the best of three."""
+    best = float("inf")
+    for _ in range(3):
+        began = time.process_time()
+        sum(range(n))
+        best = min(best, time.process_time() - began)
+    return round(1000 * best, 1)
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    return "unknown"
 
 
 def _settle(root: Path, limit_s: float) -> float:
@@ -231,11 +253,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--jobs and --rounds must be at least 1")
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
     create_us: list[float] = []
+    loop_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gpusv-peers-") as tmp:
         settled = _settle(Path(tmp), a.settle)
         for i in range(a.rounds):
             create_us.append(file_create_us(Path(tmp)))
-            sys.stderr.write(f"peers: round {i + 1}: an empty file's creation {create_us[-1]} µs\n")
+            loop_ms.append(python_ms())
+            sys.stderr.write(
+                f"peers: round {i + 1}: an empty file's creation {create_us[-1]} µs, "
+                f"the Python loop {loop_ms[-1]} ms\n"
+            )
             for name in SYSTEMS:
                 root = Path(tmp) / f"{name}-{i}"
                 shares = cpu_shares()
@@ -245,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rounds)
     machine = {
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "load_1m": round(os.getloadavg()[0], 2),
         "file_create_us": create_us,
+        "python_ms": loop_ms,
         "settle_waited_s": settled,
     }
     result = {"machine": machine, "jobs": a.jobs, "rounds": rounds, "summary": summary}
@@ -254,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(summary))
     print(f"an empty file's creation before each round: {', '.join(map(str, create_us))} µs")
+    print(f"the Python loop before each round: {', '.join(map(str, loop_ms))} ms ({cpu_model()})")
     print(f"\nwritten: {a.out}")
     return 0
 

@@ -64,3 +64,8 @@ def test_the_machine_s_cpu_counts_niced_processes(monkeypatch: pytest.MonkeyPatc
     fields.update(user=1.0, nice=2.0, system=0.5, idle=100.0)
     monkeypatch.setattr(psutil, "cpu_times", lambda: kind(**fields))
     assert harness.machine_cpu_s() == 3.5
+
+
+def test_the_machine_is_described_by_its_cpu_and_a_timed_python_loop() -> None:
+    assert 0 < peers.python_ms(100_000) < peers.python_ms(2_000_000)
+    assert peers.cpu_model() not in ("", "unknown")  # /proc/cpuinfo names it on Linux
