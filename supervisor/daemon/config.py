@@ -216,7 +216,7 @@ class JobsConfig:
     # How many jobs may wait so, one behind the other, on one card or CPU slot (and only
     # as many as their kinds' last runs fit in start_ahead_s: this bounds lines of jobs
     # of a few milliseconds, whose keeper must not run out of them between two passes).
-    start_ahead_depth: int = field(default=16, metadata={"parse": _int(1)})
+    start_ahead_depth: int = field(default=32, metadata={"parse": _int(1)})
 
 
 def _duration(value: object, key: str) -> float:

@@ -221,20 +221,20 @@ def test_two_jobs_wait_one_behind_the_other_and_start_in_turn(
     assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
 
 
-def test_by_default_sixteen_wait_in_line_behind_a_short_job_and_all_run_in_turn(
+def test_by_default_thirty_two_wait_in_line_behind_a_short_job_and_all_run_in_turn(
     make_daemon: Callable[..., Daemon],
 ) -> None:
     d = make_daemon(gpus="1x8G", config=AHEAD.replace("start_ahead_depth = 2\n", ""))
-    assert JobsConfig().start_ahead_depth == 16
+    assert JobsConfig().start_ahead_depth == 32
     first, _ = gated_then_behind(d, 0)
-    line = [d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=0) for _ in range(15)]
-    d.wait_for(lambda: all(d.show(j)["starting"] for j in line), what="a line of sixteen")
+    line = [d.submit("sh", "-c", "echo ran >> c", mem_key=KEY, gpus=0) for _ in range(31)]
+    d.wait_for(lambda: all(d.show(j)["starting"] for j in line), what="a line of thirty-two")
     last = d.submit("true", mem_key=KEY, gpus=0)
     held = d.wait_for(lambda: (j := d.show(last))["waiting_for"] and j, what="a hold")
     assert held["state"] == "queued" and not held["starting"]
     (d.root / "go").touch()
     assert all(d.wait_done(j)["state"] == "succeeded" for j in [first, *line, last])
-    assert (d.root / "b").read_text() == "ran\n" and (d.root / "c").read_text() == "ran\n" * 15
+    assert (d.root / "b").read_text() == "ran\n" and (d.root / "c").read_text() == "ran\n" * 31
 
 
 def test_a_hang_of_its_card_puts_the_whole_chain_behind_it_back_in_the_queue(
