@@ -96,8 +96,10 @@ def line_room(
     line = line_of(job_id, lives)
     if line is None:
         return None
-    room = depth - len(line) + 1 if chains else 2 - len(line)
-    return Room(line[0], min(room, depth - len(line) + 1), sum(map(took, line)))
+    room = depth - len(line) + 1
+    if not chains:
+        room = min(room, 2 - len(line))
+    return Room(line[0], room, sum(map(took, line)))
 
 
 @dataclass

@@ -33,10 +33,11 @@ STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this
 
 
 class Reading(NamedTuple):
+    """What a round's plans share: the host's memory, and the table's running and claimed
+    jobs as admission sees them (the round's own claims are added to them)."""
+
     host: admission.HostMemory
-    lives: list[
-        admission.RunningJob
-    ]  # the table's running and claimed jobs, as admission sees them
+    lives: list[admission.RunningJob]
 
 
 class CardsChanged:

@@ -42,10 +42,9 @@ def newest_log_id(logs_dir: Path) -> int:
     except FileNotFoundError:
         return 0
     try:
-        raw = (logs_dir / ID_COPY).read_bytes().decode("ascii", "replace").strip()
+        return max(newest, _parse((logs_dir / ID_COPY).read_bytes()))
     except OSError:
-        raw = ""
-    return max(newest, int(raw) if raw.isdigit() else 0)
+        return newest
 
 
 def check_database_file(path: Path, logs_dir: Path) -> None:
@@ -81,8 +80,7 @@ class IdMark:
     def __init__(self, db_path: Path, logs_dir: Path | None = None) -> None:
         self.path = db_path.with_name(db_path.name + ".ids")
         self.fd = _open_mark(self.path)
-        raw = os.pread(self.fd, 64, 0).decode("ascii", "replace").strip()
-        self.value = int(raw) if raw.isdigit() else 0  # torn or empty: the logs still count
+        self.value = _parse(os.pread(self.fd, 64, 0))
         self.copy = -1  # the copy: a fallback, never a reason to refuse a start or a write
         if logs_dir is not None:
             try:
@@ -120,6 +118,12 @@ def _open_mark(path: Path) -> int:
 
 def _record(last_id: int) -> bytes:
     return f"{last_id:020d}\n".encode()
+
+
+def _parse(record: bytes) -> int:
+    """A mark's id; 0 for a torn or empty one (the other marks and the logs still count)."""
+    raw = record.decode("ascii", "replace").strip()
+    return int(raw) if raw.isdigit() else 0
 
 
 async def prepare(db: aiosqlite.Connection, id_floor: int) -> int:
