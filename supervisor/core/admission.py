@@ -7,12 +7,16 @@ docs/host-memory.md.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from supervisor.core import pinning, reservation
+from supervisor.core.in_use import HostMemory as HostMemory
+from supervisor.core.in_use import InUse as InUse
+from supervisor.core.in_use import RunningJob as RunningJob
+from supervisor.core.in_use import free_for_new_mb as free_for_new_mb
 from supervisor.core.projection import Projection
 
 HoldReason = Literal["host_ram", "vram", "gpus", "cpu", "array", "cards"]
@@ -24,25 +28,6 @@ _WAITING_FOR = {
     "cpu": "a free CPU slot",
     "cards": "its cards",
 }
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    limit_mb: int  # the most RAM all jobs together may use
-    available_mb: int  # MemAvailable now
-    reserve_mb: int  # kept free for the system
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    job_id: int
-    projected_mb: int | None
-    rss_mb: int  # the tree's RSS now
-    gpus: tuple[int, ...]
-    vram_reserved_mb: int  # per card
-    shared: bool = False  # may have company on its card
-    array: int | None = None
-    ends_in_s: float | None = None  # until its --time ends it; None: no limit, or unknown
 
 
 @dataclass(frozen=True)
@@ -91,23 +76,6 @@ class Plan:
     reserved: tuple[int, ...] = ()  # idle cards left idle for a wide job (core/reservation)
 
 
-def free_for_new_mb(host: HostMemory, running: Sequence[RunningJob]) -> int:
-    """Host RAM a new job may still take.
-
-    Two views, the stricter wins: the ledger (limit minus what each running job is
-    projected to reach, or already uses if more) and the machine (MemAvailable minus
-    what running jobs have yet to grow into). A job without a projection counts as its
-    RSS. The reserve comes off the result.
-    """
-    booked = sum(max(_expected(j), j.rss_mb) for j in running)
-    growth = sum(max(0, _expected(j) - j.rss_mb) for j in running)
-    return min(host.limit_mb - booked, host.available_mb - growth) - host.reserve_mb
-
-
-def _expected(job: RunningJob) -> int:
-    return job.rss_mb if job.projected_mb is None else job.projected_mb
-
-
 def card_free_vram_mb(card: Card, reserved_mb: Iterable[int]) -> int:
     """VRAM on a card that nobody uses and nobody has booked."""
     return card.vram_total_mb - max(card.vram_used_mb, sum(reserved_mb))
@@ -119,7 +87,7 @@ def plan(
     cards: Sequence[Card],
     cpu_slots_free: int,
     host: HostMemory,
-    running: Sequence[RunningJob],
+    running: Sequence[RunningJob] | InUse,
     now: float,
     max_backfill_wait_s: float,
 ) -> Plan:
@@ -135,13 +103,14 @@ def plan(
     _Barrier). The first job of several cards held for cards has cards kept for it
     (core/reservation.py). The scan stops as soon as no card and no CPU slot is left
     (nor a kept card that a job could still take); the jobs after that point get no
-    entry.
+    entry. `running` may come summed already (InUse), as a dispatch round's plans share it.
     """
-    pool = _Pool.build(cards, running, cpu_slots_free, host)
+    use = running if isinstance(running, InUse) else InUse.of(running)
+    pool = _Pool.build(cards, use, cpu_slots_free, host)
     starts: list[Start] = []
     holds: list[Hold] = []
     barrier: _Barrier | None = None
-    arrays = Counter(j.array for j in running if j.array is not None)
+    arrays = defaultdict(int, use.arrays)  # this plan's starts are added (a plain copy)
     for cand in candidates:
         if pool.exhausted():
             break
@@ -236,11 +205,8 @@ class _Pool:
         self.keep = reservation.Keeper(cards, running, idle_vram, self.possible)
 
     @classmethod
-    def build(
-        cls, cards: Sequence[Card], running: Sequence[RunningJob], cpu_free: int, host: HostMemory
-    ) -> _Pool:
-        reserved: Mapping[int, int] = {j.job_id: j.vram_reserved_mb for j in running}
-        shared = {j.job_id for j in running if j.shared}
+    def build(cls, cards: Sequence[Card], use: InUse, cpu_free: int, host: HostMemory) -> _Pool:
+        reserved, shared = use.vram_mb, use.shared
         idle, company = {}, {}
         for c in cards:
             if not c.healthy:
@@ -251,8 +217,10 @@ class _Pool:
             elif all(j in shared for j in c.running):
                 company[c.index] = free
         healthy = {c.index: c.vram_total_mb for c in cards if c.healthy}
-        ram_free = free_for_new_mb(host, running)
-        return cls(idle, company, healthy, cpu_free, ram_free, bool(running), cards, running)
+        ram_free = use.free_for_new_mb(host)
+        return cls(
+            idle, company, healthy, cpu_free, ram_free, bool(use.running), cards, use.running
+        )
 
     def exhausted(self) -> bool:
         room = any(free > 0 for free in self.shared_vram.values())

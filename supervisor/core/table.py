@@ -207,6 +207,8 @@ class Table:
     def array_room(self, claimed: Iterable[int] = ()) -> dict[str, int]:
         """For each array with settled jobs: how many more of it may run now, counting
         the `claimed` jobs as running too (claims not committed yet)."""
+        if not any(kind.startswith("array:") for kind in self.queue.settled):
+            return {}  # no array's job is held by its cap: nothing to count
         running: Counter[int] = Counter()
         for job_id in (*self.live, *claimed):
             job = self.jobs.get(job_id)

@@ -33,11 +33,11 @@ STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this
 
 
 class Reading(NamedTuple):
-    """What a round's plans share: the host's memory, and the table's running and claimed
-    jobs as admission sees them (the round's own claims are added to them)."""
+    """What a round's plans share: the host's memory, and what the table's running and
+    claimed jobs take as admission sees it (the round's own claims are added to it)."""
 
     host: admission.HostMemory
-    lives: list[admission.RunningJob]
+    use: admission.InUse
 
 
 class CardsChanged:
@@ -151,7 +151,7 @@ class Dispatcher:
         """The host's memory and the running jobs' use, read once a round: the plans of
         one round share them (nothing awaits within a round; its own claims are added)."""
         if self._round is None:
-            self._round = Reading(self.host(), self._live_use())
+            self._round = Reading(self.host(), admission.InUse.of(self._live_use()))
         return self._round
 
     def host(self) -> admission.HostMemory:
@@ -250,7 +250,7 @@ class Dispatcher:
         memory, VRAM and array used."""
         spec = self.table.jobs[start.job_id].spec
         projection = self.book.projection(spec)
-        self._claimed[start.job_id] = admission.RunningJob(
+        self._claimed[start.job_id] = claim = admission.RunningJob(
             start.job_id,
             projection.projected_mb if projection else None,
             0,
@@ -258,6 +258,7 @@ class Dispatcher:
             start.vram_reserved_mb,
             array=spec.array_id,
         )
+        self._read_once().use.add(claim)
         return projection
 
     def _may_claim(self) -> bool:
@@ -341,8 +342,7 @@ class Dispatcher:
         first K + w when K units of it are free. That is the whole queue's plan if its
         starts used the K units up before the first job left out (those after it would be
         held as they are); else w grows and the plan is made again."""
-        host, lives = self._read_once()
-        running = lives + list(self._claimed.values())
+        host, use = self._read_once()
         limit = self.cfg.host_memory.max_backfill_wait_s
         while True:
             ends = self.table.queue.ends(free, w)
@@ -355,7 +355,7 @@ class Dispatcher:
                 cards=cards,
                 cpu_slots_free=free["cpu"],
                 host=host,
-                running=running,
+                running=use,
                 now=now,
                 max_backfill_wait_s=limit,
             )
