@@ -28,6 +28,13 @@ def job_specs(
     opts = req.options
     timeout = opts.progress_timeout_s
     which = program_finder(opts.env.get("PATH"))
+    keys: dict[tuple[str, ...], str] = {}  # a batch repeats its commands: each keyed once
+
+    def key_of(argv: tuple[str, ...]) -> str:
+        if argv not in keys:
+            keys[argv] = mem_key(argv, opts.mem_key, cwd=opts.cwd, which=which)
+        return keys[argv]
+
     return [
         JobSpec(
             argv=argv,
@@ -40,7 +47,7 @@ def job_specs(
             gpus=opts.gpus,
             vram_mb=opts.vram_mb,
             mem_mb=opts.mem_mb,
-            mem_key=mem_key(argv, opts.mem_key, cwd=opts.cwd, which=which),
+            mem_key=key_of(argv),
             mem_scale=opts.mem_scale,
             retries=retries.ordinary if opts.retries is None else opts.retries,
             gpu_hang_retries=(

@@ -112,3 +112,10 @@ def test_over_limit_warnings_name_their_jobs_once_per_message() -> None:
     assert warnings(notes, None) == ["needs ~64 GiB", "needs ~90 GiB"]  # a dry run: no ids
     many = tuple((big,) for _ in range(8))
     assert warnings(many, list(range(1, 9))) == ["jobs 1, 2, 3, 4, 5 and 3 more: needs ~64 GiB"]
+
+
+def test_a_batch_keys_each_command_as_a_submit_of_it_alone_would() -> None:
+    batch = [("python", "a.py"), ("python", "b.py"), ("python", "a.py"), ("sh", "-c", "x")]
+    keys = [spec.mem_key for spec in specs(submit(*batch))]
+    assert keys == [specs(submit(argv))[0].mem_key for argv in batch]
+    assert keys[0] == keys[2] and len(set(keys)) == 3
