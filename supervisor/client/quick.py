@@ -5,11 +5,10 @@ the parser of every command, are some 9 ms of a start).
 parse() understands only the plain spellings of these commands' options and makes of them
 what the parser would (tests/client/test_quick.py holds them to that, and the option
 tables to the parser's); anything else (help, abbreviations, --config, a value that
-starts with '-', a number int() refuses, a command not after `--`, `submit --batch`, which
-reads its commands once) returns None and goes to the parser. When no socket answers,
-run() raises NoAnswer and the full path tries again, so that the message about what was
-tried is the usual one.
-"""
+starts with '-' other than '-' itself, a number int() refuses, a command not after `--`)
+returns None and goes to the parser. When no socket answers, run() raises NoAnswer and the
+full path tries again, so that the message about what was tried is the usual one (a
+`--batch` source is read once: submitting.py keeps its text for that second try)."""
 
 from __future__ import annotations
 
@@ -103,8 +102,8 @@ class NoAnswer(Exception):
 def _value(args: list[str], i: int, option: str) -> tuple[str, int] | None:
     """The value of `option` at args[i] (`--x V` or `--x=V`) and the index after it."""
     if args[i] == option:
-        if i + 1 < len(args) and not args[i + 1].startswith("-"):
-            return args[i + 1], i + 2
+        if i + 1 < len(args) and (args[i + 1] == "-" or not args[i + 1].startswith("-")):
+            return args[i + 1], i + 2  # "-" alone is a value to the parser too (stdin)
         return None
     if args[i].startswith(option + "="):
         return args[i][len(option) + 1 :], i + 1
@@ -176,7 +175,7 @@ def parse(args: list[str]) -> SimpleNamespace | None:
     if cmd == "submit":
         out.update(_SUBMIT_DEFAULTS)
     out["label"] = []  # --label appends to the parser's default, an empty list
-    if _options(rest[:end], 0, options, out) != [] or out.get("batch") is not None:
+    if _options(rest[:end], 0, options, out) != []:
         return None
     out["command"] = rest[end:]
     return SimpleNamespace(**out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 from functools import partial
@@ -14,6 +15,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.client import parser as cli_parser
 from supervisor.client.completion import script
@@ -62,6 +65,33 @@ def test_batch_lines_split_as_bash_splits_them(line: str) -> None:
             batch_commands(line)
         return
     assert batch_commands(line)[0][1] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="ab =-\t\r\x0b\x0c\xa0\u2003'\"\\#", max_size=12), max_size=4))
+def test_batch_lines_split_as_shlex_splits_them_whatever_they_hold(lines: list[str]) -> None:
+    """Lines with nothing to unquote or cut take a path of their own: the same words as
+    shlex's, which splits only at spaces, tabs and CRs (not at other Unicode blanks)."""
+
+    def by_shlex(text: str) -> list[tuple[int, list[str]]] | str:
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            cut = comment_start(line)
+            try:
+                argv = shlex.split(line if cut is None else line[:cut], comments=False)
+            except ValueError:
+                return f"line {n}"
+            if argv:
+                out.append((n, argv))
+        return out or "no commands"
+
+    text = "\n".join(lines)
+    expected = by_shlex(text)
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError, match=expected):
+            batch_commands(text)
+    else:
+        assert batch_commands(text) == expected
 
 
 def test_batch_keeps_hashes_in_words_and_numbers_the_lines() -> None:

@@ -122,6 +122,8 @@ def test_the_lean_path_reads_a_command_line_as_the_parser_does_or_not_at_all(
         ["submit", "--label", "a=b", "--label=c=d", "--after", "1", "--", "x", "--", "y"],
         ["--socket", "/s.sock", "submit", "--mem", "2G", "--array=0-9%2", "--json", "--", "t"],
         ["run", "--gpus=2", "--name", "train", "--time", "2h", "--", "python", "train.py"],
+        ["submit", "--gpus", "0", "--batch", "-"],
+        ["submit", "--name=sweep", "--batch=jobs.txt", "--json"],
     ],
 )
 def test_the_everyday_spellings_take_the_lean_path(args: list[str]) -> None:
@@ -143,7 +145,7 @@ def test_the_everyday_spellings_take_the_lean_path(args: list[str]) -> None:
         ["show", "x"],
         ["list", "--", "x"],
         ["submit", "true"],
-        ["submit", "--batch", "-"],
+        ["submit", "--batch", "-x"],
         ["submit", "--gp", "0", "--", "true"],
         ["submit", "--priority", "-5", "--", "true"],
         ["run", "--wait", "--", "true"],
@@ -281,13 +283,19 @@ def test_list_and_show_import_neither_the_parser_nor_typing_nor_pathlib_nor_re(
     assert not thread.is_alive()
 
 
-def _answer(server: socket.socket, answers: list[dict[str, object]]) -> None:
+def _answer(
+    server: socket.socket,
+    answers: list[dict[str, object]],
+    requests: list[dict[str, object]] | None = None,
+) -> None:
     for answer in answers:
         conn, _addr = server.accept()
         with conn:
             data = b""
             while not data.endswith(b"\n"):
                 data += conn.recv(1 << 16)
+            if requests is not None:
+                requests.append(json.loads(data))
             conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
@@ -353,3 +361,44 @@ def test_run_imports_no_re(tmp_path: Path) -> None:
     imported = set(done.stderr.split())
     assert "supervisor.client.run" in imported
     assert not imported & (HEAVY - {"supervisor.client.submitting"} | NO_RE | {"base64"})
+
+
+def test_a_batch_of_plain_lines_takes_the_lean_path_without_re(tmp_path: Path) -> None:
+    """`submit --batch` reads its file on the lean path, and lines with nothing to unquote
+    are split without shlex (and so without `re`)."""
+    path, batch = tmp_path / "s.sock", tmp_path / "jobs.txt"
+    batch.write_text("true\n\tsleep  1\n")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        requests: list[dict[str, object]] = []
+        thread = threading.Thread(
+            target=_answer, args=(server, [{"ok": True, "ids": [5, 6]}], requests), daemon=True
+        )
+        thread.start()
+        done = probe(["--socket", str(path), "submit", "--gpus", "0", "--batch", str(batch)])
+        thread.join(30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "5\n6\n"
+    assert requests[0]["argvs"] == [["true"], ["sleep", "1"]]
+    assert requests[0]["names"] == ["jobs.txt:1", "jobs.txt:2"]
+    imported = set(done.stderr.split())
+    assert "supervisor.client.quick" in imported
+    assert not imported & ({"argparse", "typing", "pathlib"} | NO_RE)
+
+
+def test_a_batch_from_stdin_that_no_daemon_takes_says_so_as_the_parser_path_does(
+    tmp_path: Path,
+) -> None:
+    """The lean path reads stdin, finds no daemon and leaves the submit to the parser's
+    path, which must find the same commands (stdin is read once) and say what it tried."""
+    nowhere = str(tmp_path / "none.sock")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--socket", nowhere, "submit", "--batch", "-"],
+        input="true\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert f"gpusvd is not running: tried {nowhere} (no such socket)" in done.stderr
