@@ -125,7 +125,12 @@ class Keepers:
     async def ensure(self, name: str) -> tuple[Keeper, list[Record]]:
         """The named keeper, started if none serves its directory, attached; with every
         record it holds (running, and ended but not yet acknowledged)."""
-        starting = self._starting.setdefault(name, anyio.Lock(fast_acquire=True))
+        keeper = self.keepers.get(name)
+        if keeper is not None and not keeper.gone:  # every spawn asks: no lock to take
+            return keeper, []
+        starting = self._starting.get(name)
+        if starting is None:
+            starting = self._starting[name] = anyio.Lock(fast_acquire=True)
         async with starting:
             keeper = self.keepers.get(name)
             if keeper is not None and not keeper.gone:
