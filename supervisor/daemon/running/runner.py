@@ -34,6 +34,7 @@ from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
 from supervisor.daemon.running.procs import Evidence, Proc, may_have_leftovers, peak_mb
+from supervisor.daemon.running.tasks import Tasks
 from supervisor.daemon.store import output_files as joblogs
 from supervisor.gpus import apply_visibility
 from supervisor.keeper.client import KeeperError
@@ -71,7 +72,7 @@ class Runner:
         self.keepers = keepers
         self._adopted: list[Proc] = []  # taken back at start-up; watched once run() starts
         self.oom_base = ranking.base_value(oom.read_value() or 0)
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._tasks: Tasks | None = None  # one a job: launch, watch, kill
         self._early: list[Spawn | Kill] = []  # orders published before run() began
         self._ahead: dict[int, Ahead] = {}  # started ahead, its spawn not answered yet
         self._sending: dict[int, Sending] = {}  # ordered ahead, its spawn not written yet
@@ -93,30 +94,30 @@ class Runner:
     def _order(self, order: Spawn | Kill) -> None:
         """An engine order, carried out in a task of its own (started here, at once:
         no hand-over through a stream)."""
-        if self._tg is None:
+        if self._tasks is None:
             self._early.append(order)
         elif isinstance(order, Spawn):
             if order.after is not None:  # in order: the spawn in front was ordered before it
                 front = self._sending.get(order.after[0])
                 self._sending[order.job.id] = Sending(front)
-            self._tg.start_soon(self.launch, order)
+            self._tasks.start_soon(self.launch, order)
         else:
-            self._tg.start_soon(self.kill, order)
+            self._tasks.start_soon(self.kill, order)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with anyio.create_task_group() as tg:
-            for p in self._adopted:
-                tg.start_soon(self._watch, p)
-            self._adopted.clear()
-            self._tg = tg
-            for order in self._early:
-                self._order(order)
-            self._early.clear()
-            task_status.started()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self._tg = None
+        tasks = Tasks()
+        for p in self._adopted:
+            tasks.start_soon(self._watch, p)
+        self._adopted.clear()
+        self._tasks = tasks
+        for order in self._early:
+            self._order(order)
+        self._early.clear()
+        task_status.started()
+        try:
+            await tasks.run()
+        finally:
+            self._tasks = None
 
     def _launch_spec(self, job: Job, n: int, cards: tuple[int, ...]) -> Spec:
         user_env, uid, gid, groups = user_of(job.spec.owner_uid)
