@@ -33,6 +33,7 @@ from supervisor.daemon.running.ahead import Ahead, Sending, answers, behind
 from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill_through
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
+from supervisor.daemon.running.oom_rank import OomRank
 from supervisor.daemon.running.procs import Evidence, Proc, may_have_leftovers, peak_mb
 from supervisor.daemon.running.tasks import Tasks
 from supervisor.daemon.store import output_files as joblogs
@@ -71,7 +72,7 @@ class Runner:
         self.procs: dict[int, Proc] = {}
         self.keepers = keepers
         self._adopted: list[Proc] = []  # taken back at start-up; watched once run() starts
-        self.oom_base = ranking.base_value(oom.read_value() or 0)
+        self.ranks = OomRank(self.procs, ranking.base_value(oom.read_value() or 0))
         self._tasks: Tasks | None = None  # one a job: launch, watch, kill
         self._early: list[Spawn | Kill] = []  # orders published before run() began
         self._ahead: dict[int, Ahead] = {}  # started ahead, its spawn not answered yet
@@ -211,7 +212,7 @@ class Runner:
         if handle.record.memcg is None:  # a v1 memory cgroup of its own counts its kills
             p.oom_kills_at_start = self.evidence.oom_kills_now()
         self.procs[job_id] = p
-        self.rank()
+        self.ranks.started(p)
         await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))
         return p
 
@@ -231,6 +232,7 @@ class Runner:
         """An attempt an earlier daemon started, taken back from its keeper (recovery)."""
         p = Proc(job_id, n, cards, seq, time.monotonic(), proc)
         self.procs[job_id] = p
+        self.ranks.known = False  # its value is not known here: the next start ranks all
         self._adopted.append(p)
 
     async def _watch(self, p: Proc) -> None:
@@ -297,29 +299,9 @@ class Runner:
             exited_at=ended.ended_at if ended else None,
             output_dropped=ended.output_dropped if ended else 0,
         )
-        newest = ranking.newest_job({q.job_id: q.seq for q in self.procs.values()})
         await self.engine.do(Ended(p.job_id, p.n, facts))
         self.procs.pop(p.job_id, None)
-        if newest == p.job_id:  # the next newest is promoted; otherwise the order stands
-            self.rank()
-
-    def rank(self) -> None:
-        """Newest dispatched job's tree at 1000, every other job's at the base value, so
-        the kernel kills the newest first; re-run when the newest ends (the next newest
-        is promoted) and after each dispatch (the new job set its own value before exec).
-
-        Only a job whose value changes is written, the pids read from its cgroup: a
-        dispatch lowers the one job that was newest, and reads no other process."""
-        newest = ranking.newest_job({p.job_id: p.seq for p in self.procs.values()})
-        failures: list[str] = []
-        for p in list(self.procs.values()):
-            value = ranking.NEWEST if p.job_id == newest else self.oom_base
-            if p.oom_score_adj == value:
-                continue
-            failures += oom.apply(dict.fromkeys(p.handle.pids_now(), value))
-            p.oom_score_adj = value
-        if failures:
-            log.debug("oom_score_adj not applied", failures=failures[:5])
+        self.ranks.ended(p.job_id)
 
     async def kill(self, order: Kill) -> None:
         """Kill an attempt's tree (then re-probe its card after a hang), all on one abort
