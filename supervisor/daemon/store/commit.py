@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -35,9 +36,10 @@ from supervisor.daemon.store.schema import (
 SUBMITTED = Event("submitted", "submitted")
 
 INSERT_JOB = (
-    "INSERT INTO jobs (id, spec, env, owner_uid, mem_key, priority, state, submitted_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)"
+    "INSERT INTO jobs (id, spec, env, env_id, owner_uid, mem_key, priority, state, "
+    "submitted_at) VALUES (?, ?, '', ?, ?, ?, ?, 'queued', ?)"
 )
+INSERT_ENV = "INSERT OR IGNORE INTO envs (hash, text) VALUES (?, ?)"
 INSERT_HANG = (
     "INSERT INTO hangs (job_id, attempt, gpu, pci_bus_id, driver_version, at, evidence, "
     "host_mem_available_mb, swap_used_mb, vram_used_mb, labels, name, frame) "
@@ -101,13 +103,22 @@ def transaction(
     store: Store, writes: Sequence[Write], request_id: str | None
 ) -> Callable[[sqlite3.Connection], None]:
     """The writes as one op for the store's writer (run on the connection's thread)."""
-    envs: dict[int, str] = {}  # a batch shares one env: encode it once
+    envs: dict[int, int] = {}  # a batch shares one env: stored (or found) once
 
-    def job_row(w: InsertJob) -> tuple[Any, ...]:
+    def env_id(db: sqlite3.Connection, env: dict[str, str]) -> int:
+        found = envs.get(id(env))  # the writes hold their specs: an id is not reused
+        if found is None:
+            text = json.dumps(env)
+            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            db.execute(INSERT_ENV, (digest, text))
+            row = db.execute("SELECT id FROM envs WHERE hash = ?", (digest,)).fetchone()
+            found = envs[id(env)] = int(row[0])
+        return found
+
+    def job_row(db: sqlite3.Connection, w: InsertJob) -> tuple[Any, ...]:
         spec = w.job.spec
-        env = envs.get(id(spec.env)) or envs.setdefault(id(spec.env), json.dumps(spec.env))
         owner, key, prio, at = spec.owner_uid, spec.mem_key, spec.priority, w.job.submitted_at
-        return (w.job.id, _spec_json(spec), env, owner, key, prio, at)
+        return (w.job.id, _spec_json(spec), env_id(db, spec.env), owner, key, prio, at)
 
     inserts = [w for w in writes if isinstance(w, InsertJob)]
     saves = [w for w in writes if isinstance(w, SaveJob)]
@@ -118,7 +129,7 @@ def transaction(
     ] + [_event_params(w.job.id, w.at, ev) for w in saves for ev in w.events]
 
     def op(db: sqlite3.Connection) -> None:
-        db.executemany(INSERT_JOB, [job_row(w) for w in inserts])
+        db.executemany(INSERT_JOB, [job_row(db, w) for w in inserts])
         if inserts and request_id is not None:
             db.execute(INSERT_REQUEST, _request_params(inserts, request_id))
         if inserts and store.ids is not None:  # before the commit: ids never go back

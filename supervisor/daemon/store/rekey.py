@@ -16,6 +16,7 @@ import aiosqlite
 from supervisor.core.memkey import Which, mem_key
 from supervisor.core.memkey_legacy import legacy_mem_key
 from supervisor.daemon.programs import program_finder
+from supervisor.daemon.store.schema import ENV_TEXT
 
 MARK = "mem_keys_name_the_kind"
 
@@ -30,7 +31,7 @@ async def rekey(db: aiosqlite.Connection) -> int:
     await db.execute("BEGIN IMMEDIATE")
     changed: list[tuple[str, int]] = []
     finders: dict[str | None, Which] = {}
-    async with db.execute("SELECT id, spec, env, mem_key FROM jobs") as cur:
+    async with db.execute(f"SELECT id, spec, {ENV_TEXT}, mem_key FROM jobs") as cur:
         async for job_id, spec_text, env_text, key in cur:
             new = _today(spec_text, env_text, key, finders)
             if new is not None and new != key:

@@ -15,7 +15,7 @@ from typing import Any
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -114,6 +114,18 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE attempts ADD COLUMN stop_at TEXT;
     ALTER TABLE attempts ADD COLUMN stop_evidence TEXT;
     """,
+    # A job's environment stored once for all the jobs that share it (a batch, a
+    # session's submits): a job's row was three quarters its environment, and each
+    # change of a job (its hold, its claim, its end) wrote that page again. Rows made
+    # before keep their own `env` (env_id NULL); a row made since has env ''.
+    6: """
+    CREATE TABLE envs (
+        id INTEGER PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        text TEXT NOT NULL
+    );
+    ALTER TABLE jobs ADD COLUMN env_id INTEGER REFERENCES envs(id);
+    """,
 }
 
 
@@ -127,8 +139,10 @@ class MemRow:
 
 # ---- row mapping ------------------------------------------------------------------------
 
+# A job's environment as its row has it: in `envs` since version 6, in its own `env` before.
+ENV_TEXT = "coalesce((SELECT text FROM envs WHERE envs.id = jobs.env_id), jobs.env)"
 JOB_COLUMNS = (
-    "id, spec, env, state, submitted_at, started_at, ended_at, waiting_for, hold_reason, "
+    f"id, spec, {ENV_TEXT}, state, submitted_at, started_at, ended_at, waiting_for, hold_reason, "
     "reason, exit_code, ordinary_used, gpu_hang_used, gpus, attempts, not_before, progress, held"
 )
 

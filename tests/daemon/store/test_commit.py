@@ -24,6 +24,7 @@ from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
 from supervisor.daemon.store.commit import commit, commit_later, next_job_id
 from supervisor.daemon.store.database import StorageError, Store
+from supervisor.daemon.store.schema import ENV_TEXT
 
 T0 = "2026-01-02T03:04:05.000Z"
 T1 = "2026-01-02T03:04:06.000Z"
@@ -53,7 +54,8 @@ async def test_an_inserted_job_is_a_queued_row_with_its_submitted_event(store: S
     s = spec(env={"B": "2"}, mem_key="train", priority=5, owner_uid=1001)
     await commit(store, [InsertJob(job(1, spec=s))])
     assert await rows(
-        store, "SELECT id, env, owner_uid, mem_key, priority, state, submitted_at FROM jobs"
+        store,
+        f"SELECT id, {ENV_TEXT}, owner_uid, mem_key, priority, state, submitted_at FROM jobs",
     ) == [(1, '{"B": "2"}', 1001, "train", 5, "queued", T0)]
     spec_json = json.loads((await rows(store, "SELECT spec FROM jobs"))[0][0])
     assert spec_json["argv"] == ["python", "train.py"] and "env" not in spec_json
@@ -79,7 +81,7 @@ async def test_a_batch_shares_its_env_and_keeps_its_request_id(store: Store) -> 
     env = {"SHARED": "yes"}
     writes: list[Write] = [InsertJob(job(i, spec=spec(env=env))) for i in (4, 5, 6)]
     await commit(store, writes, "req-1")
-    assert await rows(store, "SELECT id, env FROM jobs ORDER BY id") == [
+    assert await rows(store, f"SELECT id, {ENV_TEXT} FROM jobs ORDER BY id") == [
         (4, '{"SHARED": "yes"}'),
         (5, '{"SHARED": "yes"}'),
         (6, '{"SHARED": "yes"}'),
@@ -87,6 +89,12 @@ async def test_a_batch_shares_its_env_and_keeps_its_request_id(store: Store) -> 
     assert await rows(store, "SELECT * FROM submit_requests") == [(1000, "req-1", 4, 3)]
     assert await store.request_ids(1000, "req-1") == [4, 5, 6]
     assert store.ids is not None and store.ids.value == 6
+    # Stored once, and found again by a later submit of the same environment.
+    await commit(store, [InsertJob(job(7, spec=spec(env={"SHARED": "yes"})))])
+    assert await rows(store, "SELECT id, text FROM envs") == [(1, '{"SHARED": "yes"}')]
+    assert await rows(store, "SELECT DISTINCT env, env_id FROM jobs") == [("", 1)]
+    got = await store.get_job(7)
+    assert got is not None and got.spec.env == env
 
 
 async def test_no_request_id_no_request_row(store: Store) -> None:
@@ -246,11 +254,12 @@ async def test_each_job_of_a_batch_keeps_its_own_env(store: Store) -> None:
         InsertJob(job(3, spec=spec(env=shared))),
     ]
     await commit(store, writes)
-    assert await rows(store, "SELECT id, env FROM jobs ORDER BY id") == [
+    assert await rows(store, f"SELECT id, {ENV_TEXT} FROM jobs ORDER BY id") == [
         (1, '{"S": "1"}'),
         (2, '{"OTHER": "2"}'),
         (3, '{"S": "1"}'),
     ]
+    assert await rows(store, "SELECT count(*) FROM envs") == [(2,)]
 
 
 async def test_without_the_mark_ids_follow_the_database_s_sequence(store: Store) -> None:

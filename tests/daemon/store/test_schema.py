@@ -103,6 +103,7 @@ async def test_a_first_schema_database_is_migrated_on_open(tmp_path: Path) -> No
         assert await store._all("PRAGMA user_version") == [(SCHEMA_VERSION,)]
         job = await store.get_job(4)
         assert job is not None and job.held is False and job.state is JobState.SUCCEEDED
+        assert job.spec.env == {}  # its own `env`, from before the table of environments
         assert await store._all("SELECT cleaned_at FROM jobs") == [(None,)]
         assert await store.attempts(4) == [
             Attempt(4, 1, (0,), "t0", "k", ended_at="t1", peak_rss_mb=100)
