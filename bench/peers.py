@@ -1,12 +1,17 @@
 """gpusv beside its peers, in one run: `python -m bench.peers [--jobs 1000] [--rounds 2]`.
 
-The same N trivial jobs (`true`) on the same machine, two at a time:
+The same N trivial jobs (`true`) on the same machine, two at a time, each system's span
+from its submit's start to its last job's end as it records or shows it:
 - gpusv: one `gpusv submit --batch -` on 2 simulated cards, one job per card, durability
-  (SQLite, synchronous=FULL) and per-job output files on, as a user runs it;
-- Task Spooler: its CLI loop (`tsp true` per job, `tsp -S 2`), as its users run it;
+  (SQLite, synchronous=FULL) and per-job output files on, as a user runs it; from the
+  `gpusv` command's start to the last job's recorded end (`ended_at`: its keeper's reaping);
+- Task Spooler: its CLI loop (`tsp true` per job, `tsp -S 2`), as its users run it; from
+  the first `tsp true` to the return of `tsp -w` on the last two jobs (every job is
+  checked after);
 - HyperQueue: the PyPI package `hyperqueue` in the benchmark's own environment
   (`.bench-venv`, made here on first use, never a dependency of gpusv), its Rust server and
-  one 2-core worker started by `LocalCluster`, the N jobs as one job of N tasks;
+  one 2-core worker started by `LocalCluster`, the N jobs as one job of N tasks; from
+  `client.submit` in a client already running to the last task's start (hq_jobs.py);
 - the floor: N `true` started by posix_spawn from one Python process, two at a time,
   with nothing recorded: what fork/exec alone allows here.
 The systems take turns round by round, so the machine's drift falls on all alike; each
