@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import random
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
-
-import pytest
 
 from supervisor.core import oom as ranking
 from supervisor.daemon.running import oom_scores as oom
@@ -31,15 +28,6 @@ class Tree:
     def pids_now(self) -> list[int]:
         self.reads += 1
         return [self.pid]
-
-
-@pytest.fixture
-def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(6)]
-    yield procs
-    for p in procs:
-        p.kill()
-        p.wait()
 
 
 def _proc(job_id: int, seq: int, pid: int) -> Proc:

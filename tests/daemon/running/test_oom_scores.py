@@ -104,17 +104,8 @@ def test_squeeze_victims_by_table(
 # --- /proc writes on real processes ---------------------------------------------------
 
 
-@pytest.fixture
-def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
-    yield procs
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 def test_apply_writes_values_that_read_back(sleepers: list[subprocess.Popen[bytes]]) -> None:
-    a, b, c = (p.pid for p in sleepers)
+    a, b, c = (p.pid for p in sleepers[:3])
     base = ranking.base_value(oom.read_value() or 0)
     assert oom.apply({a: 1000, b: base, c: 500}) == []
     assert [oom.read_value(pid) for pid in (a, b, c)] == [1000, base, 500]
