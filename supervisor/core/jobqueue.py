@@ -158,7 +158,10 @@ class JobQueue:
         """In queue order: the live jobs, each kind's first `ends[kind]` settled ones, and
         `extra` (sorted lists of settled keys past those)."""
         firsts = (self.settled[kind][:end] for kind, end in ends.items())
-        return heapq.merge(self.live, *firsts, *extra)
+        sources = [keys for keys in (self.live, *firsts, *extra) if keys]
+        if len(sources) == 1:  # a batch's jobs are one kind: no merge to pay for
+            return iter(sources[0])
+        return heapq.merge(*sources)
 
     def ends(self, free: Mapping[str, int], w: int) -> dict[str, int]:
         """How many settled jobs of each kind a pass reads: none of a kind with no unit

@@ -110,10 +110,10 @@ class Dispatcher:
 
     def _candidates(self, now_wall: float, keys: Iterable[Key]) -> Iterator[admission.Candidate]:
         for _prio, job_id in keys:
+            if job_id in self._claimed:  # by this round, ahead: a round skips these most
+                continue
             job = self.table.jobs[job_id]
             if job.not_before > now_wall or job_id in self.table.pending or job.held:
-                continue
-            if job_id in self._claimed:  # by this round, ahead
                 continue
             yield admission.Candidate(
                 job_id=job_id,
