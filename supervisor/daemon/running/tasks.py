@@ -16,7 +16,7 @@ import anyio
 class Tasks:
     def __init__(self) -> None:
         self._live: set[asyncio.Task[None]] = set()
-        self._failed: list[BaseException] = []
+        self._failed: BaseException | None = None  # the first task that failed
         self._fault = asyncio.Event()
 
     def start_soon(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
@@ -27,7 +27,7 @@ class Tasks:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._live.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            self._failed.append(exc)
+            self._failed = self._failed or exc
             self._fault.set()
 
     async def run(self) -> None:
@@ -35,7 +35,8 @@ class Tasks:
         way every task is then cancelled, and waited for."""
         try:
             await self._fault.wait()
-            raise self._failed[0]
+            assert self._failed is not None
+            raise self._failed
         finally:
             with anyio.CancelScope(shield=True):
                 while self._live:  # a task may start another while it is cancelled

@@ -151,7 +151,7 @@ def _spec_json(spec: JobSpec) -> str:
     # Shallow: a spec holds only plain values, and asdict's deep copy is slow for a batch;
     # its __dict__ holds the fields in their order (14 us a job where fields() took 21).
     values = dict(vars(spec))
-    del values["env"]  # a column of its own, shared by a batch's jobs
+    del values["env"]  # stored apart, once for the jobs that share it (`envs`)
     return json.dumps(values)
 
 
