@@ -54,6 +54,9 @@ class OomRank:
     def _set(self, p: Proc, value: int) -> None:
         if p.oom_score_adj == value:
             return
+        if p.leader_ended or p.handle.ended is not None:
+            p.oom_score_adj = value  # nothing to rank: its leftovers are killed at its end
+            return
         failures = oom.apply(dict.fromkeys(p.handle.pids_now(), value))
         p.oom_score_adj = value
         if failures:

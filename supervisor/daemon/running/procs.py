@@ -31,6 +31,9 @@ class Proc:
     oom_kills_at_start: int | None = None
     aborting: bool = False
     oom_score_adj: int | None = None  # as last written to its tree; None: not known
+    # Its leader has exited (its keeper started the job parked behind it): what is left
+    # of its tree is killed at its end (runner.end), so its OOM rank is not written.
+    leader_ended: bool = False
 
 
 def peak_mb(sampled_mb: int, kernel_bytes: int | None) -> int:

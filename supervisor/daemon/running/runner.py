@@ -212,6 +212,9 @@ class Runner:
         if handle.record.memcg is None:  # a v1 memory cgroup of its own counts its kills
             p.oom_kills_at_start = self.evidence.oom_kills_now()
         self.procs[job_id] = p
+        front = self.procs.get(order.after[0]) if order.after is not None else None
+        if front is not None and (front.job_id, front.n) == order.after:
+            front.leader_ended = True  # its keeper started this one only after its exit
         self.ranks.started(p)
         await self.engine.do(Started(job_id, n, handle.pid, handle.start_time))
         return p

@@ -24,6 +24,7 @@ class Tree:
 
     pid: int
     reads: int = 0
+    ended: object = None  # its keeper's exit record, once read
 
     def pids_now(self) -> list[int]:
         self.reads += 1
@@ -61,6 +62,26 @@ def test_a_start_lowers_the_newest_before_it_or_itself_and_reads_no_other_job(
     rank.started(procs[4])
     assert _read(procs) == _expected(procs) and _read(procs)[4] == BASE
     assert cast(Tree, procs[3].handle).reads == 0  # job 3 stays newest, unwritten
+
+
+def test_a_job_whose_leader_ended_is_not_read_nor_written(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    """A job started behind another on its card: the one in front has exited (its
+    keeper started this one after), and what is left of its tree is killed at its end."""
+    procs: dict[int, Proc] = {}
+    rank = OomRank(procs, BASE)
+    procs[1] = _proc(1, 1, sleepers[1].pid)
+    rank.started(procs[1])
+    procs[1].leader_ended = True
+    procs[2] = _proc(2, 2, sleepers[2].pid)
+    rank.started(procs[2])
+    assert cast(Tree, procs[1].handle).reads == 0 and procs[1].oom_score_adj == BASE
+    assert _read(procs) == {1: ranking.NEWEST, 2: ranking.NEWEST}  # 1's rank left as it was
+    cast(Tree, procs[2].handle).ended = object()  # its exit record came before the next start
+    procs[3] = _proc(3, 3, sleepers[3].pid)
+    rank.started(procs[3])
+    assert cast(Tree, procs[2].handle).reads == 0 and procs[2].oom_score_adj == BASE
 
 
 def test_the_end_of_the_newest_promotes_the_next_and_an_older_end_changes_nothing(
