@@ -14,7 +14,6 @@ whose group cannot be made under it is refused (Unavailable), not run outside it
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -81,23 +80,6 @@ def make(roots: Roots, job: int, attempt: int, warn: Callable[[str], None]) -> G
     v2 = None if roots.v2 is None else _make(roots.v2, name(job, attempt), warn)
     memcg = None if roots.memcg is None else _make(roots.memcg, name(job, attempt), warn)
     return Groups(v2, memcg)
-
-
-def make_new(roots: Roots, job: int, attempt: int) -> Groups | None:
-    """The job's cgroups where none of them exists yet and every root does; else None,
-    with nothing made (make, at its start, deals with what stands in the way)."""
-    leaf, made = name(job, attempt), []
-    try:
-        for root in (roots.v2, roots.memcg):
-            if root is not None:
-                os.mkdir(f"{root}/{leaf}")
-                made.append(f"{root}/{leaf}")
-    except OSError:
-        for path in made:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-        return None
-    return Groups(*(None if r is None else f"{r}/{leaf}" for r in roots))
 
 
 def _make(root: str, leaf: str, warn: Callable[[str], None]) -> str:
@@ -286,12 +268,6 @@ def remove(groups: Groups) -> bool:
                 raise
             done = False
     return done
-
-
-def remove_quietly(groups: Groups) -> None:
-    """Remove cgroups in which nothing ever ran, whatever stands in the way."""
-    with contextlib.suppress(OSError):
-        remove(groups)
 
 
 def tree_pids(leader: int) -> list[int]:

@@ -83,24 +83,16 @@ class Jobs:
         if key in self.journal.records:
             raise Refused("exists", f"job {key[0]} attempt {key[1]} was started already")
 
-    def make_ahead(self, spec: spawn.Spec) -> cgroup.Groups | None:
-        """The cgroups of a spawn that waits for its turn, made now; None where they
-        cannot simply be made (its start makes them, or says why it cannot)."""
-        return cgroup.make_new(self.roots, spec.job, spec.attempt)
-
-    def spawn(
-        self, spec: spawn.Spec, reply: Reply, groups: cgroup.Groups | None = None
-    ) -> Live | None:
+    def spawn(self, spec: spawn.Spec, reply: Reply) -> Live | None:
         """The job started, or None when it could not be (answered once that is on disk);
         Refused when it was refused with nothing recorded (`transient` where trying
-        again may work). `groups`: its cgroups, made ahead (make_ahead)."""
+        again may work)."""
         key = (spec.job, spec.attempt)
-        self.refuse_started(key)  # never while parked: a second spawn of it is refused
-        if groups is None:
-            try:
-                groups = cgroup.make(self.roots, spec.job, spec.attempt, self.warn_once)
-            except cgroup.Busy as exc:
-                raise Refused("spawn", str(exc), transient=True) from None
+        self.refuse_started(key)
+        try:
+            groups = cgroup.make(self.roots, spec.job, spec.attempt, self.warn_once)
+        except cgroup.Busy as exc:
+            raise Refused("spawn", str(exc), transient=True) from None
         if not groups.any:
             self.warn_once("no cgroup for jobs: their processes are found through the tree")
         if self.direct is not None and spec.uid is None and groups.any:
@@ -111,7 +103,7 @@ class Jobs:
             cgroup.configure(groups, spec.mem_max)
             forked = self.fork(spec, groups, sink.out_w, sink.err_w)
         except OSError as exc:  # nothing ran; the cgroups are unused
-            cgroup.remove_quietly(groups)
+            _remove_quietly(groups)
             Relay.abandon(sink)
             raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
         record = Record(
@@ -143,7 +135,7 @@ class Jobs:
         try:  # out of descriptors: nothing ran
             return Relay.sink(spec.stdout == spec.stderr)
         except OSError as exc:
-            cgroup.remove_quietly(groups)
+            _remove_quietly(groups)
             raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
 
     def _hold(self, record: Record, status_fd: int | None, reply: Reply | None) -> Live:
@@ -170,7 +162,7 @@ class Jobs:
                 try:
                     self.journal.append("start", record)
                 except OSError as exc:
-                    cgroup.remove_quietly(groups)
+                    _remove_quietly(groups)
                     self.log(f"job {spec.job} attempt {spec.attempt}: start not recorded: {exc}")
                     message = f"cannot record the start: {exc.strerror}"
                     raise Refused("spawn", message, transient=True) from None
@@ -400,3 +392,8 @@ class Jobs:
         if record is None:
             raise Refused("unknown", f"job {key[0]} attempt {key[1]} is not known here")
         return record
+
+
+def _remove_quietly(groups: cgroup.Groups) -> None:
+    with contextlib.suppress(OSError):
+        cgroup.remove(groups)

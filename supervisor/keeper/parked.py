@@ -1,18 +1,13 @@
 """Spawns parked until the attempt they follow has ended (`after`): in memory only, in
 arrival order, which is their start order. A parked spawn that is dropped, or refused at
-its turn, drops those parked behind it: what they followed will never run.
-
-A parked spawn's cgroups are made as it is parked, while the job in front runs, so that
-the start that follows an exit does not wait for them; one dropped has its cgroups
-removed (a keeper that dies meanwhile leaves them to its successor's sweep of groups
-without a record, takeover.py)."""
+its turn, drops those parked behind it: what they followed will never run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import cgroup, spawn
+from . import spawn
 from .jobs import Reply
 from .journal import Key
 
@@ -31,13 +26,6 @@ class Parked:
     after: Key
     conn: Conn  # it goes with this connection
     reply: Reply
-    groups: cgroup.Groups | None = None  # made ahead; None: made at its start
-
-    def unmake(self) -> None:
-        """Its cgroups made ahead, removed: it will never start."""
-        if self.groups is not None:
-            cgroup.remove_quietly(self.groups)
-            self.groups = None
 
 
 class Parking:
@@ -66,7 +54,6 @@ class Parking:
         parked = self.spawns.pop(key, None)
         if parked is None:
             return False
-        parked.unmake()
         parked.reply({"error": dict(DROPPED)})
         self.drop_behind(key)
         return True
@@ -79,5 +66,5 @@ class Parking:
         """Those its connection sent, unanswered: nobody is left to be told."""
         keys = [key for key, p in self.spawns.items() if p.conn is conn]
         for key in keys:
-            self.spawns.pop(key).unmake()
+            del self.spawns[key]
         return keys

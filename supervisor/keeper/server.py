@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import cgroup, spawn
+from . import spawn
 from .connections import Conn as Conn
 from .connections import Connections, err
 from .jobs import Jobs, Refused, Reply
@@ -155,7 +155,6 @@ class Server:
             record = self.jobs.ended.pop(0)
             for parked in self.parked.released_by(record.key):
                 if parked.conn.closed:  # one answered at once may have closed it
-                    parked.unmake()
                     self._never_started((parked.spec.job, parked.spec.attempt))
                     continue
                 self._guarded(functools.partial(self._start_parked, parked))
@@ -242,7 +241,7 @@ class Server:
 
     def _start_parked(self, parked: Parked) -> None:
         try:
-            self._start(parked.spec, parked.reply, parked.groups)
+            self._start(parked.spec, parked.reply)
         except Refused as exc:  # answered as _request answers a spawn refused at once
             parked.reply({"error": exc.error()})
             self.parked.drop_behind((parked.spec.job, parked.spec.attempt))
@@ -292,12 +291,12 @@ class Server:
         before = None if after is None else self.jobs.journal.records.get(after)
         waits = before is not None and not before.ended
         if after is not None and (waits or after in self.parked):  # behind one that waits too
-            self.parked.park(Parked(spec, after, conn, reply, self.jobs.make_ahead(spec)))
+            self.parked.park(Parked(spec, after, conn, reply))
             return
         self._start(spec, reply)
 
-    def _start(self, spec: spawn.Spec, reply: Reply, groups: cgroup.Groups | None = None) -> None:
-        live = self.jobs.spawn(spec, reply, groups)
+    def _start(self, spec: spawn.Spec, reply: Reply) -> None:
+        live = self.jobs.spawn(spec, reply)
         if live is None:  # it could not start: answered once that is on disk
             return
         key = (spec.job, spec.attempt)

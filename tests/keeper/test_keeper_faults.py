@@ -144,7 +144,7 @@ def test_a_request_whose_handler_raises_anything_is_answered_and_the_connection_
     jobs, _ = _jobs(tmp_path)
     server, conn, theirs = _server(tmp_path, jobs)
 
-    def broken(spec: spawn.Spec, reply: Any, groups: object = None) -> None:
+    def broken(spec: spawn.Spec, reply: Any) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(jobs, "spawn", broken)
