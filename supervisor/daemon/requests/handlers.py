@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal, cast
 
 import anyio
@@ -185,7 +185,7 @@ class Api:
         await self.intake.check_after(req.options.after, req.options.after_any)
         if req.options.dry_run:
             return await self._dry_run(req, peer)
-        specs = self.intake.specs(req, peer)
+        specs = self.intake.specs(req, await self.intake.mem_keys(req), peer)
         await self.intake.check_share(specs)
         notes = await self.intake.over_limit(specs)
         rid = req.options.request_id
@@ -203,24 +203,30 @@ class Api:
         of 100,000 jobs would hold hundreds of MB at once, and the heap would keep much of
         it after they are freed (what a request leaves behind pins what it freed)."""
         found: dict[int, tuple[Event, ...]] = {}
+        keys = await self.intake.mem_keys(req)
         for start in range(0, len(req.argvs), DRY_PIECE):
-            specs = self.intake.specs(req, peer, start, start + DRY_PIECE)
+            specs = self.intake.specs(req, keys, peer, start, start + DRY_PIECE)
             await self.intake.check_share(specs)
             for i, evs in enumerate(await self.intake.over_limit(specs), start):
                 if evs:
                     found[i] = evs
             await anyio.sleep(0)  # the loop turns between pieces
-        dry: SubmitReply = {"ok": True, "jobs": cast(Any, Pieces(self._dry_views(req, peer)))}
+        dry: SubmitReply = {
+            "ok": True,
+            "jobs": cast(Any, Pieces(self._dry_views(req, keys, peer))),
+        }
         if found:
             notes = tuple(found.get(i, ()) for i in range(len(req.argvs)))
             dry["warnings"] = intake_warnings(notes, None)
         return dry
 
-    def _dry_views(self, req: Submit, peer: Peer) -> Iterator[list[JobJson]]:
+    def _dry_views(
+        self, req: Submit, keys: Mapping[tuple[str, ...], str], peer: Peer
+    ) -> Iterator[list[JobJson]]:
         """The views of a dry run's jobs, DRY_PIECE at a time."""
         for start in range(0, len(req.argvs), DRY_PIECE):
             piece: list[JobJson] = []
-            for spec in self.intake.specs(req, peer, start, start + DRY_PIECE):
+            for spec in self.intake.specs(req, keys, peer, start, start + DRY_PIECE):
                 view = views.job_json(Job(id=0, spec=spec), host_memory=self.book.projection(spec))
                 view["id"] = None
                 piece.append(view)

@@ -3,7 +3,7 @@ then queued through the engine; and the one way a request finds a job by id."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -15,6 +15,7 @@ from supervisor.core.jobs import Job, JobSpec, JobState
 from supervisor.core.records import Event
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine, submitted_ids
+from supervisor.daemon.programs import Lookups
 from supervisor.daemon.requests.access import Access, forbidden
 from supervisor.daemon.requests.server import Peer
 from supervisor.daemon.requests.submit_specs import job_specs
@@ -50,6 +51,7 @@ class Intake:
         self.card_count = card_count
         self.card_vram_mb = card_vram_mb
         self.host_room = host_room  # the host_memory limit and reserve, MiB, as admitted
+        self.lookups = Lookups()
         # The per-user cap is counted and then filled: two submits must not both pass it.
         self.submitting = anyio.Lock()
 
@@ -109,14 +111,26 @@ class Intake:
             notes.append(() if ev is None else (ev,))
         return tuple(notes) if any(notes) else ()
 
+    async def mem_keys(self, req: Submit) -> dict[tuple[str, ...], str]:
+        """Each distinct command's memory key, its program looked up off the loop."""
+        opts = req.options
+        return await self.lookups.mem_keys(req.argvs, opts.mem_key, opts.cwd, opts.env.get("PATH"))
+
     def specs(
-        self, req: Submit, peer: Peer, start: int = 0, stop: int | None = None
+        self,
+        req: Submit,
+        keys: Mapping[tuple[str, ...], str],
+        peer: Peer,
+        start: int = 0,
+        stop: int | None = None,
     ) -> list[JobSpec]:
         """The specs of the request's jobs (those from `start` to `stop`)."""
         opts = req.options
         cards = self.pinned(opts.gpus, opts.cards, opts.not_cards)
         cfg = self.cfg
-        return job_specs(req, peer.uid, peer.gid, cfg.retries, cfg.watchdog, cards, start, stop)
+        return job_specs(
+            req, keys, peer.uid, peer.gid, cfg.retries, cfg.watchdog, cards, start, stop
+        )
 
     def pinned(
         self, gpus: int, cards: tuple[int, ...] | None, not_cards: tuple[int, ...] | None = None

@@ -3,18 +3,18 @@ what the request left out, and an array's index for each of its jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from supervisor.core.evolve import evolve
 from supervisor.core.jobs import JobSpec
-from supervisor.core.memkey import mem_key
 from supervisor.daemon.config import RetriesConfig, WatchdogConfig
-from supervisor.daemon.programs import program_finder
 from supervisor.wire.protocol import Submit, SubmitOptions
 
 
 def job_specs(
     req: Submit,
+    keys: Mapping[tuple[str, ...], str],
     uid: int,
     gid: int,
     retries: RetriesConfig,
@@ -24,17 +24,10 @@ def job_specs(
     stop: int | None = None,
 ) -> list[JobSpec]:
     """The jobs a submit asks for (those of its commands from `start` to `stop`), the
-    config's defaults filled in; `cards` is what its --cards and --not-cards leave it
-    (None: any card)."""
+    config's defaults filled in; `keys` is each command's memory key (programs.Lookups),
+    `cards` what its --cards and --not-cards leave it (None: any card)."""
     opts = req.options
     timeout = opts.progress_timeout_s
-    which = program_finder(opts.env.get("PATH"))
-    keys: dict[tuple[str, ...], str] = {}  # a batch repeats its commands: each keyed once
-
-    def key_of(argv: tuple[str, ...]) -> str:
-        if argv not in keys:
-            keys[argv] = mem_key(argv, opts.mem_key, cwd=opts.cwd, which=which)
-        return keys[argv]
 
     # What the jobs share, made once: each job is a copy with its own command, name and
     # index (a frozen spec's __init__ is ~10 us; a copy, ~1).
@@ -69,7 +62,7 @@ def job_specs(
             common,
             argv=argv,
             name=req.names[i] if req.names else opts.name,
-            mem_key=key_of(argv),
+            mem_key=keys[argv],
             **_array_fields(opts, i),
         )
         for i, argv in enumerate(req.argvs[start:stop], start)

@@ -8,8 +8,11 @@ import shutil
 from dataclasses import replace
 from typing import Any
 
+import anyio
+
 from supervisor.core.jobs import JobSpec
 from supervisor.daemon.config import RetriesConfig, WatchdogConfig
+from supervisor.daemon.programs import Lookups
 from supervisor.daemon.requests.submit_specs import job_specs
 from supervisor.wire.protocol import Submit, SubmitOptions
 
@@ -22,7 +25,10 @@ def submit(*argvs: tuple[str, ...], names: tuple[str, ...] | None = None, **opts
 
 
 def specs(req: Submit, watchdog: WatchdogConfig = WATCHDOG) -> list[JobSpec]:
-    return job_specs(req, 1001, 1002, RETRIES, watchdog)
+    opts = req.options
+    look = Lookups().mem_keys(req.argvs, opts.mem_key, opts.cwd, opts.env.get("PATH"))
+    keys = anyio.run(lambda: look)
+    return job_specs(req, keys, 1001, 1002, RETRIES, watchdog)
 
 
 def test_what_the_request_left_out_comes_from_the_config() -> None:
