@@ -100,6 +100,23 @@ def _batch(source: str, name: str) -> tuple[list[list[str]], list[str]]:
     return [argv for _, argv in lines], [f"{prefix}:{n}"[:256] for n, _ in lines]
 
 
+def _fitting(request: dict[str, Any]) -> dict[str, Any]:
+    """The batch's request, when it fits in one request line; else why not, and what to
+    do (told here: gpusvd would refuse it unread, with only its size)."""
+    from supervisor.wire import framing
+
+    size = len(framing.encode(request))
+    if size <= framing.MAX_LINE:
+        return request
+    n = len(request["argvs"])
+    fits = max(1, n * framing.MAX_LINE // size * 9 // 10)
+    raise ConfigError(
+        f"--batch: its {n} commands make a request of {size / 2**20:.1f} MiB, and one request "
+        f"may be at most 1 MiB: split it into parts of about {fits} lines (each a submit of its "
+        "own), or make the lines shorter"
+    )
+
+
 def _labels(items: list[str]) -> dict[str, str]:
     labels = {}
     for item in items:
@@ -215,7 +232,7 @@ def submit_request(a: Any) -> dict[str, Any]:
             raise ConfigError("give either --batch or a command, not both")
         argvs, names = _batch(a.batch, a.name)
         request.pop("name", None)
-        return {"type": "submit_batch", "argvs": argvs, "names": names, **request}
+        return _fitting({"type": "submit_batch", "argvs": argvs, "names": names, **request})
     if not command:
         raise ConfigError("submit needs a command after --")
     return {"type": "submit", "argv": command, **request}

@@ -226,6 +226,25 @@ def test_batches_keep_words_as_a_shell_does(daemon: Daemon, tmp_path: Path) -> N
     assert d.wait_done(child)["reason"] == "dependency_failed"
 
 
+def test_a_batch_over_one_request_is_refused_by_the_client_with_what_to_do(
+    daemon: Daemon,
+) -> None:
+    """The documented 100,000 commands, with their names, are more than the 1 MiB one
+    request may be: the client says so, and how to split it, and sends nothing."""
+    d = daemon
+    d.cli("pause")
+    lines = "".join(f"echo {i}\n" for i in range(100_000))
+    big = d.cli("submit", "--gpus", "0", "--batch", "-", input=lines, check=False)
+    assert big.returncode == 2, big.stderr
+    assert "100000 commands make a request of" in big.stderr and "1 MiB" in big.stderr
+    fits = int(big.stderr.split("parts of about ")[1].split()[0])
+    assert 30_000 < fits < 100_000
+    assert d.call({"type": "list"})["jobs"] == []
+    part = "".join(f"echo {i}\n" for i in range(fits))
+    ids = d.cli("submit", "--gpus", "0", "--batch", "-", input=part).stdout.split()
+    assert len(ids) == fits
+
+
 def test_pipes_into_head_end_quietly(daemon: Daemon) -> None:
     d = daemon
     job = submit(d, "--gpus", "0", "--", "python3", "-c", "print('y\\n' * 400000)")
