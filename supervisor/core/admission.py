@@ -7,6 +7,7 @@ docs/host-memory.md.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,10 @@ class _Barrier:
         return Hold(cand.job_id, self.reason, message)
 
 
+def _possible(healthy_vram: dict[int, int], cand: Candidate) -> bool:
+    return _could_run(cand.gpus, cand.vram_mb, healthy_vram, cand.cards)
+
+
 class _Pool:
     """What is still free while one plan is made; only plan() sees it."""
 
@@ -202,7 +207,11 @@ class _Pool:
         self.cpu_free = cpu_free
         self.ram_free = ram_free
         self.started_any = running_any
-        self.keep = reservation.Keeper(cards, running, idle_vram, self.possible)
+        # Not self.possible: a bound method would tie the pool and its keeper in a cycle,
+        # one for the collector to find at every plan (a plan a claim: thousands a batch).
+        self.keep = reservation.Keeper(
+            cards, running, idle_vram, functools.partial(_possible, healthy_vram)
+        )
 
     @classmethod
     def build(cls, cards: Sequence[Card], use: InUse, cpu_free: int, host: HostMemory) -> _Pool:
@@ -227,7 +236,7 @@ class _Pool:
         return not self.idle_vram and not room and self.cpu_free <= 0 and not self.keep.open()
 
     def possible(self, cand: Candidate) -> bool:
-        return _could_run(cand.gpus, cand.vram_mb, self.healthy_vram, cand.cards)
+        return _possible(self.healthy_vram, cand)
 
     def evaluate(self, cand: Candidate) -> tuple[int, ...] | Hold:
         """The cards the job would get now (() for a CPU job), or why it waits. A job

@@ -612,3 +612,20 @@ def test_vram_that_fits_exactly_fits() -> None:
 )
 def test_gb_by_table(mb: int, text: str) -> None:
     assert gb(mb) == text
+
+
+def test_a_plan_leaves_nothing_for_the_collector() -> None:
+    """A plan a claim, thousands a batch: one that tied its pieces in a cycle left each
+    for the collector, whose full passes then walked every queued job to find them."""
+    import gc
+
+    wide = [cand(1, gpus=2), cand(2), cand(3, mb=200 * GB), cand(4, time_s=60.0)]
+    running = [running_job(9, 8 * GB, 4 * GB, ends_in_s=30.0)]
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            run(wide, cards=[busy_card(0, 9), *idle(1)], running=running)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
