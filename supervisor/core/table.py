@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from supervisor.core.jobqueue import JobQueue
+from supervisor.core.jobqueue import JobQueue, refit
 from supervisor.core.jobs import FailureReason, Job, JobState
 from supervisor.core.projection import Projection
 from supervisor.core.records import Attempt
@@ -199,6 +199,12 @@ class Table:
         self.queue.remove(job)
         self.held_since.pop(job.id, None)
         self.announced.discard(job.id)
+
+    def refit(self) -> None:
+        """Its tables sized to what they hold now: called once the daemon falls idle, so
+        that what a big batch grew them to goes back to the system (life/heap.py)."""
+        refit(self.jobs, self.live, self.held_since, self.announced, self.pending, self.dependents)
+        self.queue.refit()
 
     def held_counts(self) -> dict[str, int]:
         """Queued jobs by hold reason."""

@@ -110,3 +110,32 @@ def test_the_line_a_job_ends_runs_from_its_front_through_each_job_waiting_ahead(
     assert line_of(5, lives) == [5]  # 4 has exited: 5 is being started now, the front
     assert line_of(6, lives) == [6]  # up already, though 1 still runs
     assert line_of(7, lives) is None
+
+
+def test_refit_gives_back_the_room_a_big_batch_grew_the_tables_to() -> None:
+    import sys
+
+    t = Table()
+    empty = {name: sys.getsizeof(getattr(t, name)) for name in ("jobs", "held_since", "announced")}
+    n = 20_000
+    t.apply(Changes(jobs={i: job(i, hold="gpus") for i in range(1, n + 1)}))
+    t.apply(
+        Changes(
+            held_since={i: 1.0 for i in range(1, n + 1)},
+            announced=set(range(1, n + 1)),
+            settle=list(range(1, n + 1)),
+        )
+    )
+    ended = {i: dataclasses.replace(job(i), state=JobState.SUCCEEDED) for i in range(2, n + 1)}
+    t.apply(Changes(jobs=ended))
+    tables = (t.jobs, t.held_since, t.announced, t.queue.settled_kind, t.queue.hold_of)
+    grown = [sys.getsizeof(x) for x in tables]
+    assert all(size > 100_000 for size in grown)  # the room of 20,000, holding one each
+    t.refit()
+    assert all(sys.getsizeof(x) < 1_000 for x in tables)
+    assert t.jobs == {1: job(1, hold="gpus")} and t.held_since == {1: 1.0}
+    assert t.announced == {1} and t.queue.settled_kind == {1: "gpu"}
+    assert t.held_counts() == {"gpus": 1} and len(t.queue) == 1
+    t.apply(Changes(jobs={1: dataclasses.replace(job(1), state=JobState.SUCCEEDED)}))
+    t.refit()
+    assert {name: sys.getsizeof(getattr(t, name)) for name in empty} == empty

@@ -235,7 +235,12 @@ async def _status(parts: Parts) -> None:
 
     parts.broker.subscribe(Changed, on_change)
     table = parts.engine.table
-    idle = IdleTrim()
+
+    def trim() -> None:
+        table.refit()
+        return_free_memory()
+
+    idle = IdleTrim(trim)
     while True:
         cards = parts.monitor.cards
         parts.notifier.status(
