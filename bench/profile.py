@@ -1,5 +1,5 @@
 """Where the daemon's per-job CPU goes, and what a big batch leaves in its memory:
-`python -m bench.profile [--jobs 1000] [--dry-run 100000] [--queued 100000]`.
+`python -m bench.profile [--jobs 1000] [--dry-run 100000] [--queued 100000] [--run N]`.
 
 1. A fresh daemon on 2 simulated cards runs `--jobs` trivial jobs from one
    `gpusv submit --batch -` while py-spy samples it (`py-spy record --nonblocking
@@ -12,6 +12,9 @@
 3. A fresh daemon, paused, takes the same dry run from idle (its RSS right after and 5 s
    later), then a real `submit_batch` of `--queued` jobs: its RSS once they are queued and
    5 s later (the queued jobs stay in memory: what each costs).
+4. With `--run N`: a fresh daemon runs a batch of N trivial jobs (one `submit_batch`) to
+   its end: its RSS idle, once they are queued, at the end, 5 s and 35 s later. 100,000
+   take about 2.5 minutes here.
 
 py-spy comes from PyPI into the venv the bench runs from (`pip install py-spy`); without
 it part 1 is skipped. Attaching needs ptrace rights over the daemon (same user, and
@@ -127,17 +130,48 @@ def measure_queued(root: Path, jobs: int, dry_run: int) -> dict[str, Any]:
     return out
 
 
+def measure_run(root: Path, jobs: int) -> dict[str, Any]:
+    """RSS of a fresh daemon that runs a batch of `jobs` trivial jobs (one `submit_batch`,
+    one card each) to its end: idle, once they are queued, at the end, 5 s and 35 s later
+    (it trims its heap once idle)."""
+    out: dict[str, Any] = {"jobs": jobs}
+    with BenchDaemon(root, config=f"max_queued_per_user = {jobs}\n") as d:
+        d.start()
+        time.sleep(1.0)
+        out["idle_rss_mb"] = d.rss_mb()
+        began = time.perf_counter()
+        assert d.call(submit_request(d.root, [["true"]] * jobs, gpus=1))["ok"]
+        out["queued_s"] = round(time.perf_counter() - began, 1)
+        out["rss_queued_mb"] = d.rss_mb()
+        active = {"type": "list", "states": ["queued", "running"], "limit": 1}
+        while d.call(active).get("jobs"):
+            time.sleep(1.0)
+        out["ended_s"] = round(time.perf_counter() - began, 1)
+        out["rss_ended_mb"] = d.rss_mb()
+        time.sleep(5.0)
+        out["rss_5s_after_mb"] = d.rss_mb()
+        time.sleep(30.0)
+        out["rss_35s_after_mb"] = d.rss_mb()
+        out["over_idle_mb"] = round(out["rss_35s_after_mb"] - out["idle_rss_mb"], 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     p.add_argument("--jobs", type=int, default=1000, help="trivial jobs in the sampled batch")
     p.add_argument("--dry-run", dest="dry_run", type=int, default=100_000, help="jobs")
     p.add_argument("--queued", type=int, default=100_000, help="jobs queued (0: none)")
+    p.add_argument(
+        "--run", type=int, default=0, help="jobs of a batch run to its end, RSS after (0: none)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/profile.json"))
     a = p.parse_args(argv)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     folded = a.out.with_name("daemon.folded")
     with tempfile.TemporaryDirectory(prefix="gpusv-profile-") as tmp:
         r = measure(Path(tmp), a.jobs, a.dry_run, folded, a.queued)
+        if a.run:
+            r["run"] = measure_run(Path(tmp) / "run", a.run)
     print(json.dumps(r, indent=1))
     a.out.write_text(json.dumps(r, indent=1) + "\n")
     return 0
