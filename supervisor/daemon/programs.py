@@ -13,6 +13,9 @@ submit that needs a lookup waits for one of them, within the same deadline.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import os
 import shutil
 import threading
@@ -67,7 +70,7 @@ class Lookups:
         self.finder = finder  # a seam: a file system that does not answer cannot exist here
         self.threads = threads
         # Counted by the threads themselves, from their start to their return: one left
-        # behind at the deadline still counts (anyio's limiter would let its token go).
+        # behind at the deadline still counts.
         self.busy = 0
         self._count = threading.Lock()
         # What the last lookups found, by (PATH, name): a run of submits from a script
@@ -94,9 +97,7 @@ class Lookups:
                     return keys
                 while self.busy >= self.threads:
                     await anyio.sleep(SLOT_POLL_S)
-                looked = await anyio.to_thread.run_sync(
-                    self._look_up, which, sorted(missing), abandon_on_cancel=True
-                )
+                looked = await self._in_thread(which, sorted(missing))
                 found.update(looked)
                 self._remember(path, looked)
             while todo:  # led to by names found in the last pass: taken as not found
@@ -119,6 +120,30 @@ class Lookups:
             self._found.clear()  # many programs, or many PATHs: forget them all at once
         now = time.monotonic()
         self._found.setdefault(path, {}).update({n: (hit, now) for n, hit in looked.items()})
+
+    async def _in_thread(self, which: Which, names: list[str]) -> dict[str, str | None]:
+        """The lookups, in a daemon thread of their own: one left behind at the deadline
+        must not hold gpusvd's exit (the interpreter waits for every other thread, and
+        anyio's workers are such threads)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[dict[str, str | None]] = loop.create_future()
+
+        def settle(outcome: Callable[[], None]) -> None:
+            if not done.done():  # cancelled meanwhile: nobody waits for it
+                outcome()
+
+        def work() -> None:
+            try:
+                found = self._look_up(which, names)
+            except BaseException as exc:  # handed to the task that waits
+                answer = functools.partial(settle, functools.partial(done.set_exception, exc))
+            else:
+                answer = functools.partial(settle, functools.partial(done.set_result, found))
+            with contextlib.suppress(RuntimeError):  # the loop has closed: gpusvd is leaving
+                loop.call_soon_threadsafe(answer)
+
+        threading.Thread(target=work, name="gpusvd PATH lookup", daemon=True).start()
+        return await done
 
     def _look_up(self, which: Which, names: list[str]) -> dict[str, str | None]:
         with self._count:

@@ -147,3 +147,28 @@ async def test_stuck_lookups_hold_at_most_their_threads_and_the_next_waits_withi
             await anyio.sleep(0.01)
     keys = await lookups.mem_keys([("sh", "a.sh"), ("true",)], None, "/w", PATH)
     assert keys[("true",)] == mem_key(("true",), cwd="/w", which=program_finder(PATH))
+
+
+def test_a_lookup_left_behind_does_not_hold_the_process_at_its_exit() -> None:
+    """gpusvd's exit (a stop, a restart) must not wait for a `stat` that never returns."""
+    import subprocess
+    import sys
+
+    code = """
+import threading, anyio
+from supervisor.daemon.programs import Lookups
+from supervisor.wire.protocol import ProtocolError
+never = threading.Event()
+def finder(path):
+    return lambda name: never.wait()
+async def main():
+    try:
+        await Lookups(deadline_s=0.2, finder=finder).mem_keys([("sh",)], None, "/w", None)
+    except ProtocolError:
+        print("refused", flush=True)
+anyio.run(main)
+"""
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout == "refused\n", out.stderr
+    assert time.monotonic() - began < 20
