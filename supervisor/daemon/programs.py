@@ -33,7 +33,6 @@ LOOKUP_DEADLINE_S = 10.0
 LOOKUP_THREADS = 4
 FOUND_FOR_S = 5.0  # a program found is taken as found this long (a shell's hash: forever)
 FOUND_KEPT = 1024
-SLOT_POLL_S = 0.05  # while every lookup thread is held: how often to look for a free one
 # Each pass finds the names that the keys' words lead to; a name found can lead to
 # another (a wrapper's program), so a few passes, then what is still unknown is missing.
 LOOKUP_PASSES = 4
@@ -69,10 +68,10 @@ class Lookups:
         self.deadline_s = deadline_s
         self.finder = finder  # a seam: a file system that does not answer cannot exist here
         self.threads = threads
-        # Counted by the threads themselves, from their start to their return: one left
-        # behind at the deadline still counts.
+        # Threads looking up now, counted on the loop from their start until their answer
+        # comes back: one left behind at the deadline still counts.
         self.busy = 0
-        self._count = threading.Lock()
+        self._freed = asyncio.Event()  # set (and made anew) as each one's answer comes back
         # What the last lookups found, by (PATH, name): a run of submits from a script
         # looks each program up once every FOUND_FOR_S, not once a submit.
         self.found_for_s = found_for_s
@@ -96,7 +95,7 @@ class Lookups:
                 if not todo:
                     return keys
                 while self.busy >= self.threads:
-                    await anyio.sleep(SLOT_POLL_S)
+                    await self._freed.wait()
                 looked = await self._in_thread(which, sorted(missing))
                 found.update(looked)
                 self._remember(path, looked)
@@ -129,12 +128,15 @@ class Lookups:
         done: asyncio.Future[dict[str, str | None]] = loop.create_future()
 
         def settle(outcome: Callable[[], None]) -> None:
+            self.busy -= 1
+            self._freed.set()
+            self._freed = asyncio.Event()
             if not done.done():  # cancelled meanwhile: nobody waits for it
                 outcome()
 
         def work() -> None:
             try:
-                found = self._look_up(which, names)
+                found = {name: which(name) for name in names}
             except BaseException as exc:  # handed to the task that waits
                 answer = functools.partial(settle, functools.partial(done.set_exception, exc))
             else:
@@ -143,16 +145,8 @@ class Lookups:
                 loop.call_soon_threadsafe(answer)
 
         threading.Thread(target=work, name="gpusvd PATH lookup", daemon=True).start()
+        self.busy += 1
         return await done
-
-    def _look_up(self, which: Which, names: list[str]) -> dict[str, str | None]:
-        with self._count:
-            self.busy += 1
-        try:
-            return {name: which(name) for name in names}
-        finally:
-            with self._count:
-                self.busy -= 1
 
 
 def _keys(
