@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,23 @@ from hypothesis import settings
 
 from supervisor.daemon.life import log_setup as logs
 from supervisor.daemon.store.database import Store
+from tests import hung_fs
 
 # No test asserts on time: a generated example that runs slow on a busy machine is no
 # failure (hypothesis's default deadline is 200 ms per example).
 settings.register_profile("gpusv", deadline=None)
 settings.load_profile("gpusv")
+
+
+@pytest.fixture
+def hung() -> Iterator[hung_fs.Hung]:
+    """A file system that does not answer, mounted for the test (tests/hung_fs.py)."""
+    why = hung_fs.why_not()
+    if why is not None:
+        pytest.skip(why)
+    with hung_fs.hung_mount(Path(tempfile.mkdtemp(prefix="hung-", dir="/tmp"))) as mount:
+        yield mount
+    mount.path.rmdir()
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ class Lookups:
         found_for_s: float = FOUND_FOR_S,
     ) -> None:
         self.deadline_s = deadline_s
-        self.finder = finder  # a seam: a file system that does not answer cannot exist here
+        self.finder = finder  # a seam: tests hold a lookup where they choose
         self.threads = threads
         # Threads looking up now, counted on the loop from their start until their answer
         # comes back: one left behind at the deadline still counts.

@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from . import cgroup
+from .local_fs import LocalPaths
 from .spawn import JOB_DEFAULTS, Spec, transient, why
 
 # Python ignores SIGPIPE and SIGXFSZ, the keeper SIGHUP and SIGINT, and ignored signals
@@ -64,6 +65,7 @@ class Home:
         self.adj = self.current = adj
         self.broken = ""  # why this keeper must fork again, once something went wrong
         self.posix_spawn = os.posix_spawn  # a seam for a spawn that fails (EAGAIN)
+        self.local: LocalPaths | None = None  # made at the first start
 
     @classmethod
     def probe(cls, roots: cgroup.Roots) -> tuple[Home | None, str]:
@@ -104,6 +106,19 @@ class Home:
                 os.close(fd)
             return None, home.broken
         return home, ""
+
+    def near(self, spec: Spec, warn: Callable[[str], None]) -> None:
+        """Raises NotNow where this start would touch a file system that is not local
+        (local_fs.py): the gated fork's child enters the directory and execs instead."""
+        if self.local is None:
+            self.local = LocalPaths()
+        far = self.local.start(spec)
+        if far is not None:
+            warn(
+                f"jobs whose directory or program is on {far} start by fork: "
+                "a server that does not answer then holds only them, not this keeper"
+            )
+            raise NotNow(far)
 
     @contextlib.contextmanager
     def oom_score_adj(self, value: int | None) -> Iterator[None]:

@@ -155,6 +155,7 @@ class Jobs:
     ) -> Live | None:
         """posix_spawn (direct.py). The record, naming the job's cgroups, is written before
         the process exists, and its pid once it does (takeover.py: what a keeper left)."""
+        home.near(spec, self.warn_once)  # NotNow: the fork's child touches them
         sink = self._sink(spec, groups)
         try:
             with home.oom_score_adj(spec.oom_score_adj):  # NotNow: the fork takes it over

@@ -2,7 +2,9 @@
 
 Requests: {"id": N, "op": ..., ...}; each is answered {"id": N, "ok": true, ...} or
 {"id": N, "ok": false, "error": {"code", "message"}}, not always at once (a spawn is
-answered once exec's outcome is known, a kill once the job is gone). The attached
+answered once exec's outcome is known, a kill once the job is gone; a gated child not
+exec'd within EXEC_ANSWER_S is answered as started, and why it never ran, if it does not,
+comes with its exit as `error`). The attached
 connection also gets {"event": "exit", "job": {...}} for every exit, once its record is
 written (journal.py: gpusvd commits it before anything acts on it, and an exit it leaves
 unacknowledged for SYNC_GRACE_S is synced). A malformed line is answered with an error
@@ -47,6 +49,10 @@ PENDING_RETRY_S = 1.0  # journal lines kept in memory (a full disk) are written 
 # An exit told to the attached gpusvd and not acknowledged (committed on its side) in this
 # long is synced here: a gpusvd that is slow, stuck or gone does not leave it to a power cut.
 SYNC_GRACE_S = 0.1
+# A gated child that has not exec'd by then is waiting on its working directory or its
+# program (a file system that does not answer): answered with its pid, so that gpusvd
+# can list it, stop it and cancel it meanwhile, instead of waiting on the file system.
+EXEC_ANSWER_S = 1.0
 
 
 class Server:
@@ -62,6 +68,7 @@ class Server:
         self.reap_due = False  # a leader's pidfd or SIGCHLD: one reaping pass this turn
         self.terms = 0  # SIGTERMs seen and not yet logged
         self.sync_retry_at = 0.0  # monotonic: after a sync that failed, none before this
+        self.exec_due: dict[Key, float] = {}  # gated children not exec'd: answer them by then
         jobs.on_exit = self._exited
         jobs.unwatch = self._unwatch
         jobs.output.sel = self.sel  # jobs' output pipes are read on this loop
@@ -116,6 +123,8 @@ class Server:
             soon.append(max(0.0, max(due, self.sync_retry_at) - now))
         if self.net.paused_until:
             soon.append(max(0.0, self.net.paused_until - now))
+        if self.exec_due:
+            soon.append(max(0.0, min(self.exec_due.values()) - now))
         return min(soon) if soon else None
 
     def _guarded_tick(self) -> float | None:
@@ -133,6 +142,24 @@ class Server:
             self.terms = 0
             self.log("SIGTERM ignored: jobs are kept and the keeper serves on")
         self.net.resume_accepting()
+        self._answer_unexeced()
+
+    def _answer_unexeced(self) -> None:
+        now = time.monotonic()
+        for key, due in list(self.exec_due.items()):
+            live = self.jobs.live.get(key)
+            if live is None or live.status_fd is None:  # exec's outcome came, or its end
+                del self.exec_due[key]
+            elif now >= due:
+                del self.exec_due[key]
+                if live.spawn_reply is not None:
+                    self.log(
+                        f"job {key[0]} attempt {key[1]}: not exec'd after "
+                        f"{EXEC_ANSWER_S:g} s (its working directory or program does "
+                        "not answer?): answered as started"
+                    )
+                    live.spawn_reply({"job": self.jobs.journal.records[key].to_json()})
+                    live.spawn_reply = None
 
     def _reap_soon(self) -> None:
         self.reap_due = True
@@ -304,6 +331,7 @@ class Server:
             self.sel.register(live.pidfd, selectors.EVENT_READ, self._reap_soon)
         if live.status_fd is not None:  # a gated fork: exec's outcome comes on this pipe
             self.sel.register(live.status_fd, selectors.EVENT_READ, lambda: self._status(key))
+            self.exec_due[key] = time.monotonic() + EXEC_ANSWER_S
 
     def _status(self, key: Key) -> None:
         live = self.jobs.live.get(key)

@@ -1,7 +1,8 @@
 """A submit's programs looked up on its PATH off the event loop: the keys are those of a
 lookup on the loop, and a PATH that does not answer costs that submit an error after
-the deadline, never the loop. The finder stand-in blocks as a `stat` on a network file
-system whose server is gone does (which cannot exist here); the threads are real."""
+the deadline, never the loop. A file system that does not answer is real where this
+runs as root (tests/hung_fs.py); the finder stand-in, which blocks as a `stat` on it
+does, tells the lookups' bookkeeping apart; the threads are real."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from supervisor.core.memkey import Which, mem_key
 from supervisor.daemon.programs import Lookups, program_finder
 from supervisor.wire.protocol import ProtocolError
+from tests import hung_fs
 
 PATH = os.environ.get("PATH", os.defpath)
 ARGVS = [
@@ -130,6 +132,28 @@ async def test_a_path_that_does_not_answer_refuses_the_submit_and_the_loop_turns
     assert await lookups.mem_keys([("true",)], None, "/w", PATH)
 
 
+async def test_a_path_through_a_file_system_that_does_not_answer_refuses_the_submit(
+    hung: hung_fs.Hung,
+) -> None:
+    lookups = Lookups(deadline_s=0.3)
+
+    async def submit() -> None:
+        with pytest.raises(ProtocolError, match="does not answer"):
+            await lookups.mem_keys([("tool", "x")], None, "/w", f"{hung.path}/bin:{PATH}")
+
+    ticks, took = await _ticks_during(submit)
+    assert 0.3 <= took < 5 and ticks >= 10
+    assert lookups.busy == 1  # its thread waits in the kernel, left behind
+    hung.release()  # it fails now, and the thread ends
+    await _eventually(lambda: lookups.busy == 0)
+
+
+async def _eventually(done: Callable[[], bool]) -> None:
+    with anyio.fail_after(10):
+        while not done():
+            await anyio.sleep(0.01)
+
+
 async def test_stuck_lookups_hold_at_most_their_threads_and_the_next_waits_within_its_deadline(
     stuck: Stuck,
 ) -> None:
@@ -158,6 +182,7 @@ def test_a_lookup_left_behind_does_not_hold_the_process_at_its_exit() -> None:
 import threading, anyio
 from supervisor.daemon.programs import Lookups
 from supervisor.wire.protocol import ProtocolError
+from tests import hung_fs
 never = threading.Event()
 def finder(path):
     return lambda name: never.wait()

@@ -292,8 +292,10 @@ class Runner:
             handle = p.handle
             with contextlib.suppress(Exception):
                 await self.abort(lambda: handle.kill_tree(0.5), f"job-{p.job_id}-leftovers")
+        never_ran = ended.error if ended is not None else None  # answered before its exec
         facts = Facts(
-            status,
+            None if never_ran else status,
+            spawn_error=never_ran or None,
             hang=hang,
             oom=oom_why,
             peak_rss_mb=peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
