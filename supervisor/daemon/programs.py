@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import cache
+from typing import TypeVar
 
 import anyio
 
@@ -38,6 +39,7 @@ FOUND_KEPT = 1024
 LOOKUP_PASSES = 4
 
 Argv = tuple[str, ...]
+T = TypeVar("T")
 
 
 def program_finder(path: str | None) -> Which:
@@ -121,32 +123,43 @@ class Lookups:
         self._found.setdefault(path, {}).update({n: (hit, now) for n, hit in looked.items()})
 
     async def _in_thread(self, which: Which, names: list[str]) -> dict[str, str | None]:
-        """The lookups, in a daemon thread of their own: one left behind at the deadline
-        must not hold gpusvd's exit (the interpreter waits for every other thread, and
-        anyio's workers are such threads)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[dict[str, str | None]] = loop.create_future()
-
-        def settle(outcome: Callable[[], None]) -> None:
+        def freed() -> None:
             self.busy -= 1
             self._freed.set()
             self._freed = asyncio.Event()
-            if not done.done():  # cancelled meanwhile: nobody waits for it
-                outcome()
 
-        def work() -> None:
-            try:
-                found = {name: which(name) for name in names}
-            except BaseException as exc:  # handed to the task that waits
-                answer = functools.partial(settle, functools.partial(done.set_exception, exc))
-            else:
-                answer = functools.partial(settle, functools.partial(done.set_result, found))
-            with contextlib.suppress(RuntimeError):  # the loop has closed: gpusvd is leaving
-                loop.call_soon_threadsafe(answer)
-
-        threading.Thread(target=work, name="gpusvd PATH lookup", daemon=True).start()
+        done = in_thread(lambda: {name: which(name) for name in names}, "PATH lookup", freed)
         self.busy += 1
         return await done
+
+
+def in_thread(
+    work: Callable[[], T], name: str, answered: Callable[[], None] = lambda: None
+) -> asyncio.Future[T]:
+    """`work()` in a daemon thread of its own, its outcome as a future of the loop, and
+    `answered` called on the loop once it comes back. One left behind at a deadline (a
+    lookup the kernel holds) must not hold gpusvd's exit: the interpreter waits for every
+    other thread, anyio's workers among them."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        answered()
+        if not done.done():  # cancelled meanwhile: nobody waits for it
+            outcome()
+
+    def run() -> None:
+        try:
+            value = work()
+        except BaseException as exc:  # handed to the task that waits
+            answer = functools.partial(settle, functools.partial(done.set_exception, exc))
+        else:
+            answer = functools.partial(settle, functools.partial(done.set_result, value))
+        with contextlib.suppress(RuntimeError):  # the loop has closed: gpusvd is leaving
+            loop.call_soon_threadsafe(answer)
+
+    threading.Thread(target=run, name=f"gpusvd {name}", daemon=True).start()
+    return done
 
 
 def _keys(

@@ -3,6 +3,7 @@ a key of the user's own stays."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from supervisor.core.commands import CloseAttempt, InsertJob, SaveJob
@@ -14,6 +15,7 @@ from supervisor.daemon.programs import program_finder
 from supervisor.daemon.store.commit import commit
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.store.rekey import MARK, rekey
+from tests import hung_fs
 
 T0, T1 = "2026-01-02T03:04:05.000Z", "2026-01-02T03:04:06.000Z"
 PATH = "/usr/bin:/bin"
@@ -58,5 +60,31 @@ async def test_derived_keys_and_their_history_move_to_todays_key(store: Store) -
 
 
 async def test_a_fresh_database_is_marked_at_open(store: Store) -> None:
+    rows = await store.db.execute_fetchall("SELECT name FROM store_marks")
+    assert [tuple(r) for r in rows] == [(MARK,)]
+
+
+async def test_a_path_that_does_not_answer_holds_the_rekey_only_until_its_deadline(
+    store: Store, hung: hung_fs.Hung
+) -> None:
+    """Found before the deadline: keyed with it; past it, a program is taken as missing."""
+    argv = ("sh", "run.sh")
+    far = f"{hung.path}/bin:{PATH}"
+    near_job = JobSpec(argv, "/work", {"PATH": PATH}, 1000, 1000, mem_key=legacy_mem_key(argv))
+    far_job = replace(near_job, env={"PATH": far})
+    await ran(store, 1, near_job, 100)
+    await ran(store, 2, far_job, 200)
+    await store.db.execute("DELETE FROM store_marks")
+    await store.db.commit()
+
+    began = time.monotonic()
+    assert await rekey(store.db, deadline_s=0.5) == 2
+    assert time.monotonic() - began < 5
+    near = await store.get_job(1)
+    assert near is not None
+    assert near.spec.mem_key == mem_key(argv, cwd="/work", which=program_finder(PATH))
+    stuck = await store.get_job(2)
+    assert stuck is not None
+    assert stuck.spec.mem_key == mem_key(argv, cwd="/work", which=lambda name: None)
     rows = await store.db.execute_fetchall("SELECT name FROM store_marks")
     assert [tuple(r) for r in rows] == [(MARK,)]
