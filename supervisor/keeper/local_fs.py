@@ -17,10 +17,14 @@ import os
 import select
 import stat
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from .spawn import Spec
 
 FOR_S = 5.0
+K = TypeVar("K")
+A = TypeVar("A")
 _clock = time.monotonic  # a seam: tests move time on
 KEPT = 1024  # answers kept at most: past that, all are forgotten at once
 _LINKS = 40  # as the kernel's own limit: past it, the kernel fails fast (ELOOP)
@@ -62,6 +66,7 @@ class LocalPaths:
         self._changed.register(self._fd, select.POLLPRI | select.POLLERR)
         self.types = self._read()
         self._known: dict[tuple[str, str | None, str], tuple[str | None, float]] = {}
+        self._paths: dict[str, tuple[str | None, float]] = {}  # far()'s, for other jobs' cwd
 
     def close(self) -> None:
         os.close(self._fd)
@@ -71,16 +76,8 @@ class LocalPaths:
         directory, each folder its program is searched in, what is exec'd); else the
         first mount it would touch that is not local, as `POINT (TYPE)`."""
         if self._changed.poll(0):
-            self.types, self._known = self._read(), {}
-        key, now = (spec.cwd, spec.env.get("PATH"), spec.argv[0]), _clock()
-        known = self._known.get(key)
-        if known is not None and now - known[1] < FOR_S:
-            return known[0]
-        if len(self._known) >= KEPT:
-            self._known = {}
-        answer = self._start(spec)
-        self._known[key] = (answer, now)
-        return answer
+            self.types, self._known, self._paths = self._read(), {}, {}
+        return _kept(self._known, (spec.cwd, spec.env.get("PATH"), spec.argv[0]), spec, self._start)
 
     def where(self, path: str) -> tuple[str, str]:
         """The mount point that holds `path` (absolute, as it reads), and its type."""
@@ -93,6 +90,9 @@ class LocalPaths:
         """None when `path` resolves (symbolic links followed) through local file systems
         alone, else the first mount on its way that is not local. A path that does not
         exist is local: its failure is quick."""
+        return _kept(self._paths, path, path, self._far)
+
+    def _far(self, path: str) -> str | None:
         done, todo, links = "/", _steps(path), 0
         while todo:
             step = todo.pop()
@@ -157,6 +157,21 @@ class LocalPaths:
         while chunk := os.read(self._fd, 65536):
             chunks.append(chunk)
         return mount_types(b"".join(chunks).decode("utf-8", "surrogateescape"))
+
+
+def _kept(
+    known: dict[K, tuple[str | None, float]], key: K, arg: A, work: Callable[[A], str | None]
+) -> str | None:
+    """`work(arg)`, as found less than FOR_S ago under `key` if it was."""
+    now = _clock()
+    hit = known.get(key)
+    if hit is not None and now - hit[1] < FOR_S:
+        return hit[0]
+    if len(known) >= KEPT:
+        known.clear()
+    answer = work(arg)
+    known[key] = (answer, now)
+    return answer
 
 
 def _steps(path: str) -> list[str]:
