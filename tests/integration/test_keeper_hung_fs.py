@@ -77,12 +77,18 @@ def test_the_keeper_serves_on_beside_a_job_that_waits_on_its_file_system(
         assert _exit_of(conn, 1)["signal"] in (signal.SIGTERM, signal.SIGKILL)
 
 
+def _waiting(d: Daemon, hung: hung_fs.Hung) -> int:
+    """A job whose working directory does not answer, answered as started (its pid)."""
+    waiting = d.submit("true", cwd=str(hung.path / "work"))
+    d.wait_pid(waiting)
+    return waiting
+
+
 def test_through_gpusvd_the_waiting_job_runs_on_its_card_and_is_cancelled(
     make_daemon: Callable[..., Daemon], hung: hung_fs.Hung
 ) -> None:
     d = make_daemon(gpus="2x8G")
-    waiting = d.submit("true", cwd=str(hung.path / "work"))
-    d.wait_pid(waiting)
+    waiting = _waiting(d, hung)
     assert d.show(waiting)["state"] == "running"
     assert d.wait_done(d.submit("true"))["state"] == "succeeded"
     assert d.cli("health").returncode == 0
@@ -96,8 +102,7 @@ def test_a_job_the_file_system_fails_at_last_is_recorded_as_never_run(
     make_daemon: Callable[..., Daemon], hung: hung_fs.Hung
 ) -> None:
     d = make_daemon(gpus="1x8G")
-    waiting = d.submit("true", cwd=str(hung.path / "work"))
-    d.wait_pid(waiting)
+    waiting = _waiting(d, hung)
     hung.release()  # the server is gone for good: the chdir fails (ENOTCONN)
     job = d.wait_done(waiting)
     assert (job["state"], job["reason"]) == ("failed", "spawn_failed")
