@@ -4,11 +4,11 @@
 Each revision is checked out as a git worktree in a temporary directory, and the runs
 take turns (A, B, A, B, ...), each on a fresh daemon that imports its own tree, so that
 this machine's drift of 10-20 % between minutes falls on all of them alike. Per run:
-the daemon's CPU per trivial job, jobs/s and the machine's CPU per job (with `--latency
-N`: N lone jobs one after another instead, from the submit request to the job's first
-instruction); then each revision's median. (`python -m supervisor.daemon.life.app` puts its
-working directory first on sys.path: the daemons run in their own directory, which holds
-no `supervisor`.)
+the daemon's and its keepers' CPU per trivial job, jobs/s and the machine's CPU per job
+(with `--latency N`: N lone jobs one after another instead, from the submit request to
+the job's first instruction); then each revision's median. (`python -m
+supervisor.daemon.life.app` puts its working directory first on sys.path: the daemons run
+in their own directory, which holds no `supervisor`.)
 """
 
 from __future__ import annotations
@@ -61,7 +61,10 @@ def _run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             measure_throughput(d, args.warmup, gpus=args.gpus)
         if args.latency:
             return measure_latency(d, args.latency)
-        return measure_throughput(d, args.jobs, gpus=args.gpus)
+        keepers = d.keepers_cpu_s()
+        m = measure_throughput(d, args.jobs, gpus=args.gpus)
+        m["keeper_cpu_ms_per_job"] = 1000 * (d.keepers_cpu_s() - keepers) / args.jobs
+        return m
 
 
 def _line(m: dict[str, Any]) -> str:
@@ -72,7 +75,8 @@ def _line(m: dict[str, Any]) -> str:
         )
     per_job = 1000 * m["machine_cpu_s"] / m["jobs"]
     return (
-        f"daemon {m['daemon_cpu_ms_per_job']:.3f} ms/job, {m['jobs_per_s']:.0f} jobs/s, "
+        f"daemon {m['daemon_cpu_ms_per_job']:.3f} ms/job, "
+        f"keepers {m['keeper_cpu_ms_per_job']:.3f} ms/job, {m['jobs_per_s']:.0f} jobs/s, "
         f"machine {per_job:.2f} ms/job"
     )
 
@@ -82,9 +86,13 @@ def _median(ms: list[dict[str, Any]]) -> str:
         p50 = statistics.median(m["socket_submit_to_start_ms"]["p50"] for m in ms)
         return f"submit request -> start p50 {p50:.2f} ms"
     cpu = statistics.median(m["daemon_cpu_ms_per_job"] for m in ms)
+    keepers = statistics.median(m["keeper_cpu_ms_per_job"] for m in ms)
     rate = statistics.median(m["jobs_per_s"] for m in ms)
     machine = statistics.median(1000 * m["machine_cpu_s"] / m["jobs"] for m in ms)
-    return f"daemon {cpu:.3f} ms/job, {rate:.0f} jobs/s, machine {machine:.2f} ms/job"
+    return (
+        f"daemon {cpu:.3f} ms/job, keepers {keepers:.3f} ms/job, {rate:.0f} jobs/s, "
+        f"machine {machine:.2f} ms/job"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -180,6 +180,15 @@ class BenchDaemon:
         times = self.process().cpu_times()
         return float(times.user + times.system)
 
+    def keepers_cpu_s(self) -> float:
+        """This daemon's keepers' CPU seconds (user + system), all of them together."""
+        total = 0.0
+        for proc in keeper_procs.keeper_processes(self.state / "keepers"):
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
+
     def rss_mb(self) -> float:
         return round(self.process().memory_info().rss / 2**20, 1)
 

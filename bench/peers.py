@@ -50,10 +50,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from supervisor.daemon.running import keeper_processes
-
 from .harness import BenchDaemon, cpu_shares, machine_cpu_s, steal_pct
 from .jobs import measure_throughput
 from .tsp import measure_tsp
@@ -159,22 +155,13 @@ def measure_floor(jobs: int) -> dict[str, Any]:
     }
 
 
-def _keepers_cpu_s(d: BenchDaemon) -> float:
-    total = 0.0
-    for proc in keeper_processes.keeper_processes(d.state / "keepers"):
-        with contextlib.suppress(psutil.Error):
-            times = proc.cpu_times()
-            total += times.user + times.system
-    return total
-
-
 def measure_gpusv(root: Path, jobs: int) -> dict[str, Any]:
     with BenchDaemon(root, gpus=f"{SLOTS}x24G") as d:
         d.start()
         measure_throughput(d, min(jobs, 100), gpus=1)  # keepers up, first imports done
-        keepers0 = _keepers_cpu_s(d)
+        keepers0 = d.keepers_cpu_s()
         result = measure_throughput(d, jobs, gpus=1)
-        keepers = _keepers_cpu_s(d) - keepers0
+        keepers = d.keepers_cpu_s() - keepers0
     result["keeper_cpu_ms_per_job"] = round(1000 * keepers / jobs, 3)
     return result
 
