@@ -38,6 +38,15 @@ def exit_status(record: Record) -> ExitStatus | None:
     return None
 
 
+def never_ran(record: Record | None) -> str | None:
+    """Why an attempt answered as started before its exec (a gated start that waited:
+    keeper/server.py, EXEC_ANSWER_S) never ran its command: its end's error. None for
+    any other end, a lost one's included (its error tells of a damaged journal)."""
+    if record is None or record.lost:
+        return None
+    return record.error or None
+
+
 @dataclass
 class KeptProcess:
     """A job's leader, kept by a keeper, reached over the keeper's socket.

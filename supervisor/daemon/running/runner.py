@@ -30,7 +30,7 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.running import oom_scores as oom
 from supervisor.daemon.running.ahead import Ahead, Sending, answers, behind
-from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill_through
+from supervisor.daemon.running.handles import KeptProcess, ended_by_gpusvd, kill_through, never_ran
 from supervisor.daemon.running.keepers import KeeperGone, Keepers, SpawnDropped, keeper_name
 from supervisor.daemon.running.launch import SpawnError, user_of
 from supervisor.daemon.running.oom_rank import OomRank
@@ -292,10 +292,10 @@ class Runner:
             handle = p.handle
             with contextlib.suppress(Exception):
                 await self.abort(lambda: handle.kill_tree(0.5), f"job-{p.job_id}-leftovers")
-        never_ran = ended.error if ended is not None else None  # answered before its exec
+        unstarted = never_ran(ended)
         facts = Facts(
-            None if never_ran else status,
-            spawn_error=never_ran or None,
+            None if unstarted else status,
+            spawn_error=unstarted,
             hang=hang,
             oom=oom_why,
             peak_rss_mb=peak_mb(p.peak_rss_mb, ended.peak_bytes if ended else None),
