@@ -3,12 +3,12 @@
 Requests: {"id": N, "op": ..., ...}; each is answered {"id": N, "ok": true, ...} or
 {"id": N, "ok": false, "error": {"code", "message"}}, not always at once (a spawn is
 answered once exec's outcome is known, a kill once the job is gone; a gated child not
-exec'd within EXEC_ANSWER_S is answered as started, and why it never ran, if it does not,
-comes with its exit as `error`). The attached
-connection also gets {"event": "exit", "job": {...}} for every exit, once its record is
-written (journal.py: gpusvd commits it before anything acts on it, and an exit it leaves
-unacknowledged for SYNC_GRACE_S is synced). A malformed line is answered with an error
-and logged; it never costs a job.
+exec'd within EXEC_ANSWER_S is answered as started, and why it never ran, if it does
+not, comes with its exit as `error`). The attached connection also gets {"event":
+"exit", "job": {...}} for every exit, once its record is written (journal.py: gpusvd
+commits it before anything acts on it, and an exit it leaves unacknowledged for
+SYNC_GRACE_S is synced). A malformed line is answered with an error and logged; it
+never costs a job.
 
 A spawn with `after` naming a running attempt, or one parked itself (a chain), is
 parked here, in memory, until that attempt's exit is written, and dropped with the
