@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import selectors
 import signal
@@ -29,6 +28,8 @@ import socket
 import time
 from collections.abc import Callable
 from typing import Any
+
+from supervisor.wire import jsonline
 
 from . import spawn
 from .connections import Conn as Conn
@@ -229,7 +230,7 @@ class Server:
     def _request(self, conn: Conn, line: bytes) -> None:
         rid: object = None
         try:
-            msg = json.loads(line)
+            msg = jsonline.decode(line)  # the wire's C decoder, as gpusvd's end reads
             if not isinstance(msg, dict):
                 raise spawn.BadRequest("a request is a JSON object")
             rid = msg.get("id")
