@@ -154,10 +154,9 @@ class Server:
             elif now >= due:
                 del self.exec_due[key]
                 if live.spawn_reply is not None:
+                    why = "its working directory or program does not answer?"
                     self.log(
-                        f"job {key[0]} attempt {key[1]}: not exec'd after "
-                        f"{EXEC_ANSWER_S:g} s (its working directory or program does "
-                        "not answer?): answered as started"
+                        f"job {key[0]} attempt {key[1]}: not exec'd in {EXEC_ANSWER_S:g} s ({why})"
                     )
                     live.spawn_reply({"job": self.jobs.journal.records[key].to_json()})
                     live.spawn_reply = None
