@@ -215,12 +215,22 @@ def remove_tree(path: str | Path) -> None:
     root holds each job's group and a probe group left by a keeper killed while it
     probed, and a job may have made groups of its own. For whoever throws a keeper's
     roots away (the benchmark, tests); a keeper removes its own only when it leaves with
-    nothing kept, and then they are empty."""
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            remove_tree(entry.path)
-    empty_out(path)
-    os.rmdir(path)
+    nothing kept, and then they are empty. EBUSY is waited out: a killed process with
+    threads leaves cgroup.procs while its threads still exit, and holds the group until
+    they have (rmdir right after cgroup.procs showed empty: EBUSY 190 times in 200)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        for entry in os.scandir(path):
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+        empty_out(path)
+        try:
+            os.rmdir(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
 
 
 def memory(groups: Groups) -> tuple[int | None, int | None]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from supervisor.keeper import cgroup, spawn
 from supervisor.keeper import jobs as jobs_module
 from supervisor.keeper.journal import Journal
 
-from .keeper_fixture import MEMCG, alive, keeper, wait_for
+from .keeper_fixture import MEMCG, UNIFIED, alive, keeper, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -152,3 +154,34 @@ def test_a_spawn_is_answered_with_its_record_once_the_status_pipe_reads_eof(
     assert os.WEXITSTATUS(status) == 0 and marker.exists()
     assert live.pidfd is not None
     os.close(live.pidfd)
+
+
+THREADED = (
+    "import threading, time\n"
+    "for _ in range(8): threading.Thread(target=time.sleep, args=(100,), daemon=True).start()\n"
+    "kept = b'x' * (256 << 20)  # its exit takes a while to give this back\n"
+    "print('up', flush=True); time.sleep(100)\n"
+)
+
+
+def test_a_tree_is_removed_while_a_killed_process_with_threads_still_exits() -> None:
+    """Its threads exit after cgroup.procs shows it gone, and hold the group until then
+    (rmdir at once: EBUSY); the tree is removed all the same."""
+    if not (UNIFIED / "cgroup.procs").exists():
+        pytest.skip("no cgroup2 hierarchy here")
+    for _ in range(3):
+        group = UNIFIED / f"gpusv-test-{uuid.uuid4().hex[:10]}"
+        (group / "inner").mkdir(parents=True)
+        proc = subprocess.Popen([sys.executable, "-c", THREADED], stdout=subprocess.PIPE)
+        try:
+            (group / "inner" / "cgroup.procs").write_text(str(proc.pid))
+            assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+            cgroup.remove_tree(group)
+            assert not group.exists()
+            assert proc.wait(timeout=10) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if group.exists():
+                cgroup.remove_tree(group)
