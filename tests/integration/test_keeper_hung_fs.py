@@ -109,3 +109,13 @@ def test_a_job_the_file_system_fails_at_last_is_recorded_as_never_run(
     message = job["attempts"][-1]["evidence"]["message"]
     assert message.startswith(f"cannot enter working directory {hung.path}/work")
     assert "not connected" in d.cli("logs", str(waiting)).stdout
+
+
+def test_a_waiting_job_is_stopped_at_its_time_limit(
+    make_daemon: Callable[..., Daemon], hung: hung_fs.Hung
+) -> None:
+    d = make_daemon(gpus="1x8G")
+    waiting = d.submit("true", cwd=str(hung.path / "work"), time_limit_s=2, retries=0)
+    job = d.wait_done(waiting)
+    assert (job["state"], job["reason"]) == ("failed", "timeout")
+    assert d.wait_done(d.submit("true"))["state"] == "succeeded"  # its card serves on
