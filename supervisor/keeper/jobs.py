@@ -106,8 +106,7 @@ class Jobs:
             _remove_quietly(groups)
             Relay.abandon(sink)
             raise Refused("spawn", spawn.open_failure(exc), transient=transient(exc)) from None
-        # A job's cgroup names its processes to a successor (takeover.py); the start tick,
-        # a read of /proc (35-50 us of the keeper's CPU), only one without a cgroup.
+        # The start tick (a /proc read, 35-50 us) only without a cgroup: takeover.py
         ticks = 0 if groups.any else spawn.start_ticks(forked.pid) or 0
         record = Record(spec.job, spec.attempt, forked.pid, ticks, time.time(), *groups)
         try:
@@ -141,8 +140,7 @@ class Jobs:
         except OSError as exc:
             pidfd = None
             self.log(f"job {record.job} attempt {record.attempt}: no pidfd: {exc.strerror}")
-        live = Live(pidfd, status_fd, reply)
-        self.live[record.key] = live
+        live = self.live[record.key] = Live(pidfd, status_fd, reply)
         return live
 
     def _spawn_direct(
@@ -217,9 +215,16 @@ class Jobs:
         if data:  # answered once the child's exit is on disk: _ended()
             live.transient = data.startswith(spawn.TRANSIENT)
             live.error = data.removeprefix(spawn.TRANSIENT).decode(errors="replace")
-        elif live.spawn_reply is not None:
-            live.spawn_reply({"job": self.journal.records[key].to_json()})
-            live.spawn_reply = None
+        else:
+            self.answer_started(key)
+
+    def answer_started(self, key: Key) -> bool:
+        """The spawn answered with the job's record, unless it was already; whether now."""
+        live = self.live[key]
+        reply, live.spawn_reply = live.spawn_reply, None
+        if reply is not None:
+            reply({"job": self.journal.records[key].to_json()})
+        return reply is not None
 
     # -- exit -------------------------------------------------------------------------
 

@@ -153,13 +153,9 @@ class Server:
                 del self.exec_due[key]
             elif now >= due:
                 del self.exec_due[key]
-                if live.spawn_reply is not None:
+                if self.jobs.answer_started(key):
                     why = "its working directory or program does not answer?"
-                    self.log(
-                        f"job {key[0]} attempt {key[1]}: not exec'd in {EXEC_ANSWER_S:g} s ({why})"
-                    )
-                    live.spawn_reply({"job": self.jobs.journal.records[key].to_json()})
-                    live.spawn_reply = None
+                    self.log(f"job {key[0]} attempt {key[1]}: answered as started ({why})")
 
     def _reap_soon(self) -> None:
         self.reap_due = True
