@@ -106,8 +106,14 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: fl
 class BenchDaemon:
     """gpusvd as a subprocess: `python -m supervisor.daemon.life.app --simulate-gpus ...`."""
 
-    def __init__(self, root: Path, *, gpus: str = "2x24G", config: str = "") -> None:
+    def __init__(
+        self, root: Path, *, gpus: str = "2x24G", config: str = "", python: Path | None = None
+    ) -> None:
         self.root = root
+        # The interpreter of an environment gpusv is installed in: the daemon, its
+        # keepers (started with the daemon's interpreter) and the CLI all come from it.
+        self.python = python or Path(PY)
+        self.bin = self.python.parent
         root.mkdir(parents=True, exist_ok=True)
         self.state = root / "state"
         self.socket = root / "gpusvd.sock"
@@ -124,7 +130,7 @@ class BenchDaemon:
 
     def argv(self) -> list[str]:
         return [
-            PY,
+            str(self.python),
             "-m",
             "supervisor.daemon.life.app",
             "--config",

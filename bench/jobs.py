@@ -90,7 +90,7 @@ def measure_throughput(d: BenchDaemon, jobs: int, gpus: int) -> dict[str, Any]:
     began_wall = time.time()
     began = time.perf_counter()
     done = subprocess.run(
-        [str(BIN / "gpusv"), "submit", "--gpus", str(gpus), "--batch", "-"],
+        [str(d.bin / "gpusv"), "submit", "--gpus", str(gpus), "--batch", "-"],
         input="true\n" * jobs,
         env=d.env,
         cwd=d.root,

@@ -33,6 +33,16 @@ shared VM a spell of steal slows whatever runs in it. And before each round a fi
 of plain Python is timed (`python_ms`), with the CPU's model in the machine's figures:
 the same VM may be given a host whose cores run Python at half the speed of another's,
 and gpusv, written in Python, moves with that more than its peers do.
+
+The interpreter moves it too: a CPython built with PGO and LTO, its eval loop linked
+into the executable (Debian's, Fedora's), runs gpusv's Python faster than one built by
+default (`./configure` as pyenv runs it: no PGO, no LTO, the eval loop in a shared
+libpython). Each gpusv row says which interpreter it ran on (`python`: the executable,
+its version, whether libpython is a shared library, and the same timed loop run in it),
+and with `--gpusv-python PYTHON` (repeatable) gpusv also runs, in every round, from an
+environment made with that interpreter (`.bench-gpusv/<name>`, gpusv installed in it
+from this checkout, made on first use), as an operator installs it with another
+`python3 -m venv`.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from .tsp import measure_tsp
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".bench-venv"
+GPUSV_VENVS = REPO / ".bench-gpusv"
 HQ_SCRIPT = Path(__file__).with_name("hq_jobs.py")
 SLOTS = 2
 QUIET_CREATE_US = 100.0  # an empty file's creation on a quiet file system: ~20-50 µs here
@@ -71,6 +82,48 @@ def bench_python() -> Path:
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, "hyperqueue"], check=True)
     return python
+
+
+def gpusv_env(base: Path) -> Path:
+    """The interpreter of an environment made with `base` (a python3), gpusv installed in
+    it from this checkout, editable: the same code as the bench's own gpusv runs."""
+    name = str(base.resolve()).strip("/").replace("/", "-")
+    python = GPUSV_VENVS / name / "bin" / "python"
+    probe = [str(python), "-c", "import supervisor, aiosqlite, anyio, psutil, structlog"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    subprocess.run([str(base), "-m", "venv", str(python.parent.parent)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-e", str(REPO)], check=True)
+    return python
+
+
+_FACTS = """
+import json, sys, time
+maps = open("/proc/self/maps").read()
+best = float("inf")
+for _ in range(3):
+    began = time.process_time()
+    sum(range(1_000_000))
+    best = min(best, time.process_time() - began)
+print(json.dumps({
+    "executable": sys.executable,
+    "version": sys.version.split()[0],
+    "libpython_shared": "libpython" in maps,
+    "loop_ms": round(1000 * best, 1),
+}))
+"""
+
+
+def interpreter(python: Path) -> dict[str, Any]:
+    """What a gpusv row ran on: the executable (links followed), its version, whether
+    its eval loop is in a shared libpython, and python_ms's loop timed in it."""
+    done = subprocess.run([str(python), "-c", _FACTS], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"executable": str(python), "error": done.stderr.strip()[-200:]}
+    facts: dict[str, Any] = json.loads(done.stdout)
+    facts["executable"] = str(Path(facts["executable"]).resolve())
+    return facts
 
 
 def measure_hyperqueue(root: Path, jobs: int) -> dict[str, Any]:
@@ -89,6 +142,14 @@ def measure_hyperqueue(root: Path, jobs: int) -> dict[str, Any]:
         return {"skipped": f"hyperqueue run failed: {done.stderr.strip()[-300:]}"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def describe(facts: dict[str, Any]) -> str:
+    if "error" in facts:
+        return f"{facts['executable']} (not described: {facts['error']})"
+    shared = facts["libpython_shared"]
+    how = "its eval loop in a shared libpython" if shared else "libpython linked in"
+    return f"{facts['executable']} {facts['version']}, {how}, the loop {facts['loop_ms']} ms"
 
 
 def file_create_us(root: Path, files: int = 200) -> float:
@@ -155,8 +216,8 @@ def measure_floor(jobs: int) -> dict[str, Any]:
     }
 
 
-def measure_gpusv(root: Path, jobs: int) -> dict[str, Any]:
-    with BenchDaemon(root, gpus=f"{SLOTS}x24G") as d:
+def measure_gpusv(root: Path, jobs: int, python: Path | None = None) -> dict[str, Any]:
+    with BenchDaemon(root, gpus=f"{SLOTS}x24G", python=python) as d:
         d.start()
         measure_throughput(d, min(jobs, 100), gpus=1)  # keepers up, first imports done
         keepers0 = d.keepers_cpu_s()
@@ -170,9 +231,9 @@ SYSTEMS = ("gpusv", "tsp", "hyperqueue", "floor")
 PEERS = ("tsp", "hyperqueue")
 
 
-def _once(name: str, root: Path, jobs: int) -> dict[str, Any]:
-    if name == "gpusv":
-        return measure_gpusv(root, jobs)
+def _once(name: str, root: Path, jobs: int, pythons: dict[str, Path]) -> dict[str, Any]:
+    if name.startswith("gpusv"):
+        return measure_gpusv(root, jobs, pythons.get(name))
     if name == "tsp":
         return measure_tsp(root, jobs, slots=SLOTS)
     if name == "hyperqueue":
@@ -196,10 +257,13 @@ def summarise(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         med["machine_cpu_ms_per_job"] = round(1000 * med["machine_cpu_s"] / ok[0]["jobs"], 3)
         out[name] = med
     rates = {p: out[p]["jobs_per_s"] for p in PEERS if "jobs_per_s" in out.get(p, {})}
-    if "jobs_per_s" in out.get("gpusv", {}) and rates:
-        mine = out["gpusv"]["jobs_per_s"]
-        out["ratios"] = {f"gpusv/{p}": round(mine / r, 2) for p, r in rates.items()}
-        out["ratios"]["gpusv/best_peer"] = round(mine / max(rates.values()), 2)
+    for name in [n for n in rounds if n.startswith("gpusv")]:
+        if "jobs_per_s" not in out.get(name, {}) or not rates:
+            continue
+        mine = out[name]["jobs_per_s"]
+        ratios = out.setdefault("ratios", {})
+        ratios.update({f"{name}/{p}": round(mine / r, 2) for p, r in rates.items()})
+        ratios[f"{name}/best_peer"] = round(mine / max(rates.values()), 2)
     return out
 
 
@@ -208,22 +272,25 @@ def table(summary: dict[str, Any]) -> str:
         (summary[p]["jobs_per_s"] for p in PEERS if "jobs_per_s" in summary.get(p, {})),
         default=None,
     )
-    lines = [f"{'system':<12} {'jobs/s':>8} {'x best peer':>12} {'machine ms/job':>15}  notes"]
-    for name in SYSTEMS:
+    names = [n for n in summary if n.startswith("gpusv")] or ["gpusv"]
+    names += [n for n in SYSTEMS if n not in names]
+    width = max(12, *(len(n) for n in names))
+    lines = [f"{'system':<{width}} {'jobs/s':>8} {'x best peer':>12} {'machine ms/job':>15}  notes"]
+    for name in names:
         s = summary.get(name, {})
         if "skipped" in s or not s:
-            lines.append(f"{name:<12} {'-':>8} {'-':>12} {'-':>15}  {s.get('skipped', '')}")
+            lines.append(f"{name:<{width}} {'-':>8} {'-':>12} {'-':>15}  {s.get('skipped', '')}")
             continue
         ratio = f"{s['jobs_per_s'] / best:.2f}" if best else "-"
         parts = [f"steal {s['steal_pct']:.0f} %"] if s.get("steal_pct") else []
-        if name == "gpusv":
+        if name.startswith("gpusv"):
             parts.append(
                 f"daemon {s['daemon_cpu_ms_per_job']:.2f} ms/job, "
                 f"keepers {s['keeper_cpu_ms_per_job']:.2f} ms/job"
             )
         notes = "; ".join(parts)
         lines.append(
-            f"{name:<12} {s['jobs_per_s']:>8.0f} {ratio:>12} "
+            f"{name:<{width}} {s['jobs_per_s']:>8.0f} {ratio:>12} "
             f"{s['machine_cpu_ms_per_job']:>15.2f}  {notes}".rstrip()
         )
     return "\n".join(lines)
@@ -240,10 +307,24 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="seconds to wait at most, before the first round, for file creation to be quick",
     )
+    p.add_argument(
+        "--gpusv-python",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="also run gpusv from an environment made with this python3 (repeatable)",
+    )
     a = p.parse_args(argv)
     if a.jobs < 1 or a.rounds < 1:
         p.error("--jobs and --rounds must be at least 1")
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
+    pythons = {"gpusv": Path(sys.executable)}
+    for base in a.gpusv_python:
+        if not base.exists():
+            p.error(f"--gpusv-python {base}: no such file")
+        pythons[f"gpusv@{base}"] = gpusv_env(base)
+    systems = [*pythons, *SYSTEMS[1:]]
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     create_us: list[float] = []
     loop_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gpusv-peers-") as tmp:
@@ -255,13 +336,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"peers: round {i + 1}: an empty file's creation {create_us[-1]} µs, "
                 f"the Python loop {loop_ms[-1]} ms\n"
             )
-            for name in SYSTEMS:
-                root = Path(tmp) / f"{name}-{i}"
+            for k, name in enumerate(systems):
+                root = Path(tmp) / f"{k}-{i}"
                 shares = cpu_shares()
-                rounds[name].append(_once(name, root, a.jobs))
+                rounds[name].append(_once(name, root, a.jobs, pythons))
                 rounds[name][-1]["steal_pct"] = steal_pct(shares, cpu_shares())
                 sys.stderr.write(f"peers: round {i + 1} {name}: {rounds[name][-1]}\n")
     summary = summarise(rounds)
+    ran_on = {name: interpreter(python) for name, python in pythons.items()}
     machine = {
         "cpus": os.cpu_count(),
         "cpu_model": cpu_model(),
@@ -269,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "file_create_us": create_us,
         "python_ms": loop_ms,
         "settle_waited_s": settled,
+        "gpusv_python": ran_on,
     }
     result = {"machine": machine, "jobs": a.jobs, "rounds": rounds, "summary": summary}
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(summary))
     print(f"an empty file's creation before each round: {', '.join(map(str, create_us))} µs")
     print(f"the Python loop before each round: {', '.join(map(str, loop_ms))} ms ({cpu_model()})")
+    for name, facts in ran_on.items():
+        print(f"{name} ran on {describe(facts)}")
     print(f"\nwritten: {a.out}")
     return 0
 

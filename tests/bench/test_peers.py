@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -69,3 +71,33 @@ def test_the_machine_s_cpu_counts_niced_processes(monkeypatch: pytest.MonkeyPatc
 def test_the_machine_is_described_by_its_cpu_and_a_timed_python_loop() -> None:
     assert 0 < peers.python_ms(100_000) < peers.python_ms(2_000_000)
     assert peers.cpu_model() not in ("", "unknown")  # /proc/cpuinfo names it on Linux
+
+
+def test_gpusv_on_a_second_interpreter_is_a_row_of_its_own() -> None:
+    rounds = {
+        "gpusv": [_gpusv(500)],
+        "gpusv@/usr/bin/python3": [_gpusv(600)],
+        "tsp": [{"jobs": 100, "jobs_per_s": 400, "machine_cpu_s": 1.0}],
+        "hyperqueue": [{"jobs": 100, "jobs_per_s": 300, "machine_cpu_s": 2.0}],
+        "floor": [],
+    }
+    s = peers.summarise(rounds)
+    assert s["ratios"]["gpusv/best_peer"] == 1.25
+    assert s["ratios"]["gpusv@/usr/bin/python3/best_peer"] == 1.5
+    assert s["ratios"]["gpusv@/usr/bin/python3/hyperqueue"] == 2.0
+    lines = peers.table(s).splitlines()
+    assert lines[1].split()[:3] == ["gpusv", "500", "1.25"]
+    assert lines[2].split()[:3] == ["gpusv@/usr/bin/python3", "600", "1.50"]
+    assert [line.split()[0] for line in lines[3:]] == ["tsp", "hyperqueue", "floor"]
+
+
+def test_an_interpreter_is_described_as_it_runs() -> None:
+    facts = peers.interpreter(Path(sys.executable))
+    assert facts["version"] == sys.version.split()[0]
+    assert facts["executable"] == str(Path(sys.executable).resolve())
+    shared = any("libpython" in line for line in Path("/proc/self/maps").read_text().splitlines())
+    assert facts["libpython_shared"] is shared
+    assert facts["loop_ms"] > 0
+    assert facts["version"] in peers.describe(facts)
+    broken = peers.interpreter(Path("/bin/false"))
+    assert "error" in broken and "not described" in peers.describe(broken)
