@@ -50,6 +50,24 @@ def test_encode_writes_what_json_writes(obj: object) -> None:
 
 
 @settings(max_examples=150)
+@given(VALUES)
+def test_dumps_writes_what_json_dumps_writes(obj: object) -> None:
+    """The text stored in SQLite is json.dumps's own, byte for byte, raising what it
+    raises for a value JSON has no text for."""
+    assert jsonline.dumps(obj) == json.dumps(obj)
+
+
+def test_dumps_refuses_what_json_dumps_refuses() -> None:
+    for bad in ({1, 2}, {"a": object()}, [b"x"]):
+        with pytest.raises(TypeError) as ours:
+            jsonline.dumps(bad)
+        with pytest.raises(TypeError) as theirs:
+            json.dumps(bad)
+        assert str(ours.value) == str(theirs.value)
+    assert jsonline.dumps({"after": "a refusal"}) == json.dumps({"after": "a refusal"})
+
+
+@settings(max_examples=150)
 @given(VALUES, st.sampled_from(["", " ", "\n", " \t\r\n"]))
 def test_decode_reads_back_what_json_reads(obj: object, space: str) -> None:
     text = space + dumps(obj) + space

@@ -4,11 +4,12 @@ lines out, and a line that cannot be read is skipped, never the connection close
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+
+from supervisor.wire import jsonline
 
 log = structlog.get_logger("gpusvd.keepers")
 
@@ -50,7 +51,7 @@ class Wire(asyncio.Protocol):
         connection for a dead keeper). An exit that could not be taken stays unacknowledged
         in the keeper's journal, and `on_skipped` has the keeper's list read again."""
         try:
-            message = json.loads(line)
+            message = jsonline.decode(line)
         except ValueError as exc:
             log.error("keeper sent a bad line", keeper=self.name, error=repr(exc), line=line[:200])
             self.on_skipped()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -312,8 +311,9 @@ def _passing(exc: KeeperError) -> bool:
 
 def _spawn_fields(spec: Spec) -> dict[str, Any]:
     """The spawn request's fields: Spec's own, shallow (dataclasses.asdict deep-copies
-    the environment, once per job)."""
-    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    the environment, once per job), in their order, from its __dict__ (Spec has no
+    slots), not fields()'s walk."""
+    return dict(vars(spec))
 
 
 def wired(name: str, home: Path) -> Keeper:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from supervisor.daemon.store.schema import (
     _job_params,
     _spec_json,
 )
+from supervisor.wire import jsonline
 
 SUBMITTED = Event("submitted", "submitted")
 
@@ -77,11 +77,11 @@ def _hang_params(row: dict[str, Any]) -> tuple[Any, ...]:
         row.get("pci_bus_id"),
         row.get("driver_version"),
         row["at"],
-        json.dumps(row.get("evidence")),
+        jsonline.dumps(row.get("evidence")),
         row.get("host_mem_available_mb"),
         row.get("swap_used_mb"),
         row.get("vram_used_mb"),
-        json.dumps(row.get("labels") or {}),
+        jsonline.dumps(row.get("labels") or {}),
         row.get("name"),
         row.get("frame"),
     )
@@ -108,7 +108,7 @@ def transaction(
     def env_id(db: sqlite3.Connection, env: dict[str, str]) -> int:
         found = envs.get(id(env))  # the writes hold their specs: an id is not reused
         if found is None:
-            text = json.dumps(env)
+            text = jsonline.dumps(env)
             digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
             db.execute(INSERT_ENV, (digest, text))
             row = db.execute("SELECT id FROM envs WHERE hash = ?", (digest,)).fetchone()
@@ -163,7 +163,7 @@ def _one(db: sqlite3.Connection, w: Write) -> None:
         case CloseAttempt():
             _finish_attempt(db, w.attempt)
         case RecordStop():
-            evidence = json.dumps(w.evidence) if w.evidence else None
+            evidence = jsonline.dumps(w.evidence) if w.evidence else None
             db.execute(RECORD_STOP, (w.reason, w.at, evidence, w.job_id, w.n))
         case DropAttempt():
             db.execute(

@@ -33,6 +33,7 @@ from supervisor.daemon.store.schema import (
     _Specs,
 )
 from supervisor.daemon.store.writer import StorageError, Writer
+from supervisor.wire import jsonline
 
 __all__ = [
     "Attempt",
@@ -98,7 +99,7 @@ class Store(Writer):
         def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO daemon_events (at, kind, data) VALUES (?, ?, ?)",
-                (at, kind, json.dumps(data)),
+                (at, kind, jsonline.dumps(data)),
             )
 
         await self.write(op)

@@ -14,6 +14,7 @@ from typing import Any
 
 from supervisor.core.jobs import FailureReason, Job, JobSpec, JobState
 from supervisor.core.records import Attempt, Event
+from supervisor.wire import jsonline
 
 SCHEMA_VERSION = 6
 
@@ -152,7 +153,7 @@ def _spec_json(spec: JobSpec) -> str:
     # its __dict__ holds the fields in their order (14 us a job where fields() took 21).
     values = dict(vars(spec))
     del values["env"]  # stored apart, once for the jobs that share it (`envs`)
-    return json.dumps(values)
+    return jsonline.dumps(values)
 
 
 class _Specs:
@@ -256,7 +257,7 @@ def _job_params(job: Job) -> tuple[Any, ...]:
         job.exit_code,
         job.ordinary_used,
         job.gpu_hang_used,
-        json.dumps(list(job.gpus)),
+        jsonline.dumps(list(job.gpus)),
         job.attempts,
         job.not_before,
         job.progress,
@@ -266,7 +267,7 @@ def _job_params(job: Job) -> tuple[Any, ...]:
 
 
 def _event_params(job_id: int | None, at: str, ev: Event) -> tuple[Any, ...]:
-    return (job_id, at, ev.kind, ev.message, json.dumps(ev.data) if ev.data else None)
+    return (job_id, at, ev.kind, ev.message, jsonline.dumps(ev.data) if ev.data else None)
 
 
 def _insert_event(db: sqlite3.Connection, job_id: int | None, at: str, ev: Event) -> None:
@@ -280,7 +281,7 @@ def _insert_attempt(db: sqlite3.Connection, a: Attempt) -> None:
         (
             a.job_id,
             a.n,
-            json.dumps(list(a.gpus)),
+            jsonline.dumps(list(a.gpus)),
             a.pid,
             a.pid_start,
             a.started_at,
@@ -290,10 +291,10 @@ def _insert_attempt(db: sqlite3.Connection, a: Attempt) -> None:
             a.reason,
             a.peak_rss_mb,
             a.peak_vram_mb,
-            json.dumps(a.evidence) if a.evidence else None,
+            jsonline.dumps(a.evidence) if a.evidence else None,
             a.mem_key,
             a.mem_scale,
-            json.dumps(list(a.gpu_uuids)),
+            jsonline.dumps(list(a.gpu_uuids)),
         ),
     )
 
@@ -320,7 +321,7 @@ def _finish_attempt(db: sqlite3.Connection, a: Attempt) -> None:
             a.reason,
             a.peak_rss_mb,
             a.peak_vram_mb,
-            json.dumps(a.evidence) if a.evidence else None,
+            jsonline.dumps(a.evidence) if a.evidence else None,
             a.job_id,
             a.n,
         ),
