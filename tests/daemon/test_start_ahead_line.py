@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any, cast
 
 import anyio
 import pytest
 
 from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
-from supervisor.core.jobs import JobSpec
+from supervisor.core.jobs import JobSpec, JobState
 from supervisor.daemon.store.database import Store
+from supervisor.daemon.watch.sampling import Sampler
 from tests.daemon.test_dispatcher import HOST, Machine, spec
 
 KEY = "k"  # spec()'s memory key
@@ -279,3 +281,33 @@ async def test_a_claim_of_a_round_counts_the_array_jobs_claimed_before_it(store:
     ahead = {j: r.after for j, r in m.table.live.items() if r.after is not None}
     assert ahead == {3: (1, 1)}
     assert 4 in m.waiting()
+
+
+async def test_releasing_the_overrun_lines_reads_each_line_anew(store: Store) -> None:
+    """Both cards' fronts ran past twice start_ahead_s; while the job behind the first is
+    let go (an engine turn), the second card's front ends and its follower starts: that
+    one is left alone (it is no longer waiting), and the sampler goes on (it once raised
+    KeyError there, which ended the daemon)."""
+    m = await two_cards_running(store)
+    m.sched.cfg = dataclasses.replace(
+        m.sched.cfg, jobs=dataclasses.replace(m.sched.cfg.jobs, start_ahead_depth=1)
+    )
+    await m.dispatch()
+    assert {j: r.after for j, r in m.table.live.items() if r.after} == {3: (1, 1), 4: (2, 1)}
+    sampler = Sampler(m.sched.cfg, m.engine, *(cast(Any, None),) * 4)
+    sampler.dispatcher = m.sched
+    sampler.ahead_s = 0.001
+    time.sleep(0.01)  # both fronts are past 2 ms now
+    real, released = m.sched.release_ahead, []
+
+    async def release_ahead(message: str, job_ids: list[int]) -> None:
+        released.extend(job_ids)
+        if 2 in m.table.live:  # the other card's front exits meanwhile
+            await m.end(2)
+        await real(message, job_ids)
+
+    m.sched.release_ahead = release_ahead  # type: ignore[assignment,method-assign]
+    await sampler._overrun()
+    assert released == [3]
+    assert m.table.jobs[3].state is JobState.QUEUED  # back in the queue
+    assert m.table.live[4].after == (2, 1) and 2 not in m.table.live  # its turn: left alone

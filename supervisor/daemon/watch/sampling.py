@@ -16,6 +16,7 @@ import structlog
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.core.oom import squeeze_victims
+from supervisor.core.table import waiting_ahead
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
@@ -171,9 +172,16 @@ class Sampler:
         short before, this run does not) goes back to the queue: bound to that card or
         slot, it would wait however long that job runs while another may free first."""
         limit, now = 2 * self.ahead_s, time.time()
-        for job_id, live in self.dispatcher.waiting_ahead():
+        for job_id, _ in self.dispatcher.waiting_ahead():
+            # Read again at each: a release awaits the engine, and meanwhile the job in
+            # front of the next one may have ended (and that one started), or either may
+            # have been stopped.
+            lives = self.table.live
+            live = lives.get(job_id)
+            if live is None or live.kill is not None or not waiting_ahead(live, lives):
+                continue
             assert live.after is not None  # waiting ahead: it follows one still live
-            before = self.table.live[live.after[0]]
+            before = lives[live.after[0]]
             if past_limit(before.attempt.started_at, limit, now):
                 message = f"job {live.after[0]} ahead of it ran past {limit:g} s; queued again"
                 log.info("start ahead released", job_id=job_id, after=live.after[0])
