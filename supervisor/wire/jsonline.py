@@ -7,6 +7,7 @@ encode and for every decode; this module calls it as `json` does, so that the by
 the objects are the same: `encode` is `json.dumps(obj, separators=(",", ":"),
 ensure_ascii=False)` and `decode` is `json.loads` of a UTF-8 line (tests/wire holds both
 to `json`'s). Only an error imports `json` (the C scanner raises `json.JSONDecodeError`).
+`dumps` is `json.dumps(obj)` with its defaults, for the text gpusvd stores in SQLite.
 """
 
 from __future__ import annotations
