@@ -322,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     for base in a.gpusv_python:
         if not base.exists():
             p.error(f"--gpusv-python {base}: no such file")
-        pythons[f"gpusv@{base}"] = gpusv_env(base)
+        try:
+            pythons[f"gpusv@{base}"] = gpusv_env(base)
+        except (OSError, subprocess.CalledProcessError) as e:
+            p.error(f"--gpusv-python {base}: no environment could be made with it: {e}")
     systems = [*pythons, *SYSTEMS[1:]]
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     create_us: list[float] = []

@@ -101,3 +101,16 @@ def test_an_interpreter_is_described_as_it_runs() -> None:
     assert facts["version"] in peers.describe(facts)
     broken = peers.interpreter(Path("/bin/false"))
     assert "error" in broken and "not described" in peers.describe(broken)
+
+
+def test_an_interpreter_with_no_environment_is_refused_before_any_round(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        peers.main(["--gpusv-python", str(tmp_path / "none"), "--out", str(tmp_path / "o.json")])
+    assert exited.value.code == 2 and "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        peers.main(["--gpusv-python", "/bin/false", "--out", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "no environment could be made with it" in err
+    assert not (tmp_path / "o.json").exists()
