@@ -12,7 +12,6 @@ from typing import Any
 from supervisor.daemon.clock import epoch_from_iso
 
 from .harness import (
-    BIN,
     XID_109,
     BenchDaemon,
     machine_cpu_s,
@@ -56,7 +55,7 @@ def measure_latency(d: BenchDaemon, jobs: int) -> dict[str, Any]:
         ids = d.call(submit_request(d.root, [["sh", "-c", MARK.format(mark)]]))["ids"]
         socket_s.append(wait_until(partial(_mark_time, mark), 30, "the job") - sent)
         d.wait_jobs(ids)
-    gpusv = str(BIN / "gpusv")
+    gpusv = str(d.bin / "gpusv")
     for i in range(jobs):
         mark = marks / f"cli-{i}"
         sent = time.time()
@@ -126,7 +125,7 @@ def measure_handover(d: BenchDaemon, jobs: int, run_s: float, slots: int) -> dic
     between one job's exit and the next one's start, its own exec included."""
     began = time.perf_counter()
     done = subprocess.run(
-        [str(BIN / "gpusv"), "submit", "--gpus", "0", "--batch", "-"],
+        [str(d.bin / "gpusv"), "submit", "--gpus", "0", "--batch", "-"],
         input=f"sleep {run_s}\n" * jobs,
         env=d.env,
         cwd=d.root,

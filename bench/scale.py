@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .harness import BIN, BenchDaemon, submit_request, summary, time_command, wait_until
+from .harness import BenchDaemon, submit_request, summary, time_command, wait_until
 from .history import write_history
 from .jobs import MARK, _mark_time
 
@@ -24,7 +24,7 @@ def _cli_batch(d: BenchDaemon, count: int) -> dict[str, Any]:
     path.write_text("true\n" * count)
     began = time.perf_counter()
     done = subprocess.run(
-        [str(BIN / "gpusv"), "submit", "--batch", str(path)],
+        [str(d.bin / "gpusv"), "submit", "--batch", str(path)],
         env=d.env,
         cwd=d.root,
         capture_output=True,
@@ -83,7 +83,7 @@ def _list_ms(d: BenchDaemon, runs: int) -> dict[str, Any]:
         began = time.perf_counter()
         d.call({"type": "list"})
         walls.append(time.perf_counter() - began)
-    cli = time_command([str(BIN / "gpusv"), "list"], d.env, max(3, runs // 2), d.root)
+    cli = time_command([str(d.bin / "gpusv"), "list"], d.env, max(3, runs // 2), d.root)
     return {"socket_ms": summary(walls), "gpusv_list_ms": summary(cli)}
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import installed_venv
-from .harness import BIN, BenchDaemon, summary
+from .harness import BenchDaemon, summary
 from .tsp import INSTALL_HINT
 
 
@@ -46,7 +46,7 @@ def measure_start(root: Path, runs: int, warmup: int = 2) -> dict[str, Any]:
         d.start()
         installed = str(installed_venv(d.root) / "bin" / "gpusv")
         clis: dict[str, tuple[list[str], dict[str, str]]] = {
-            "gpusv": ([str(BIN / "gpusv"), "submit", "--gpus", "0", "--"], d.env),
+            "gpusv": ([str(d.bin / "gpusv"), "submit", "--gpus", "0", "--"], d.env),
             "gpusv_installed": ([installed, "submit", "--gpus", "0", "--"], d.env),
         }
         if tsp is not None:
