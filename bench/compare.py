@@ -1,5 +1,6 @@
 """Revisions side by side: `python -m bench.compare REV REV... [--pairs 3] [--jobs 2000]
-[--gpus 0] [--latency N]` (`.` is the working tree as it is, uncommitted changes included).
+[--gpus 0] [--latency N] [--python PYTHON]` (`.` is the working tree as it is, uncommitted
+changes included).
 
 Each revision is checked out as a git worktree in a temporary directory, and the runs
 take turns (A, B, A, B, ...), each on a fresh daemon that imports its own tree, so that
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .harness import PY, BenchDaemon
+from .harness import PY, BenchDaemon, gpusv_env
 from .jobs import measure_latency, measure_throughput
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,17 +44,18 @@ def _trees(revs: list[str], scratch: Path) -> dict[str, Path]:
     return trees
 
 
-def _imports_from(tree: Path, cwd: Path) -> str:
+def _imports_from(tree: Path, cwd: Path, python: Path | None) -> str:
     code = "import supervisor; print(supervisor.__file__)"
     env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([PY, "-c", code], env=env, cwd=cwd, capture_output=True, text=True)
+    argv = [str(python or PY), "-c", code]
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     return done.stdout.strip()
 
 
 def _run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
     config = "" if args.gpus else "cpu_slots = 2\n"
-    with BenchDaemon(root, config=config) as d:
+    with BenchDaemon(root, config=config, python=args.env_python) as d:
         d.env["PYTHONPATH"] = str(tree)
         d.cwd = root
         d.start()
@@ -105,13 +107,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--latency", type=int, default=0, metavar="N", help="instead: N lone jobs, submit -> start"
     )
+    ap.add_argument(
+        "--python",
+        type=Path,
+        metavar="PYTHON",
+        help="run the daemons, their keepers and the CLI from an environment made with this "
+        "python3 (as bench.peers --gpusv-python makes it); each revision's code still comes "
+        "from its own tree",
+    )
     args = ap.parse_args(argv)
+    args.env_python = None
+    if args.python is not None:
+        if not args.python.exists():
+            ap.error(f"--python {args.python}: no such file")
+        try:
+            args.env_python = gpusv_env(args.python)
+        except (OSError, subprocess.CalledProcessError) as e:
+            ap.error(f"--python {args.python}: no environment could be made with it: {e}")
     with tempfile.TemporaryDirectory(prefix="gpusv-compare-", dir="/tmp") as tmp:
         scratch = Path(tmp)
         trees = _trees(args.revs, scratch)
         try:
             for rev, tree in trees.items():
-                print(f"{rev}: {_imports_from(tree, scratch)}", flush=True)
+                print(f"{rev}: {_imports_from(tree, scratch, args.env_python)}", flush=True)
             runs: dict[str, list[dict[str, Any]]] = {rev: [] for rev in trees}
             for i in range(args.pairs):
                 for rev, tree in trees.items():

@@ -28,10 +28,26 @@ from supervisor.daemon.running import keeper_processes as keeper_procs
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+GPUSV_VENVS = REPO / ".bench-gpusv"  # environments made with other interpreters
 XID_109 = (  # a real line (shared kernel-log corpus); simulated card i is PCI 0000:{i+1}:00
     "[10900.272611] NVRM: Xid (PCI:0000:{bus:02x}:00): 109, pid=11263, name=Renderer, "
     "Ch 00000020, errorString CTX SWITCH TIMEOUT, Info 0xac00d"
 )
+
+
+def gpusv_env(base: Path) -> Path:
+    """The interpreter of an environment made with `base` (a python3), gpusv installed in
+    it from this checkout, editable: the same code as the bench's own gpusv runs."""
+    name = str(base.resolve()).strip("/").replace("/", "-")
+    python = GPUSV_VENVS / name / "bin" / "python"
+    probe = [str(python), "-c", "import supervisor, aiosqlite, anyio, psutil, structlog"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    subprocess.run([str(base), "-m", "venv", str(python.parent.parent)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-e", str(REPO)], check=True)
+    return python
 
 
 def child_env(root: Path, **extra: str) -> dict[str, str]:

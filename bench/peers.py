@@ -60,13 +60,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import BenchDaemon, cpu_shares, machine_cpu_s, steal_pct
+from .harness import BenchDaemon, cpu_shares, gpusv_env, machine_cpu_s, steal_pct
 from .jobs import measure_throughput
 from .tsp import measure_tsp
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".bench-venv"
-GPUSV_VENVS = REPO / ".bench-gpusv"
 HQ_SCRIPT = Path(__file__).with_name("hq_jobs.py")
 SLOTS = 2
 QUIET_CREATE_US = 100.0  # an empty file's creation on a quiet file system: ~20-50 µs here
@@ -81,20 +80,6 @@ def bench_python() -> Path:
     if probe.returncode != 0:
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, "hyperqueue"], check=True)
-    return python
-
-
-def gpusv_env(base: Path) -> Path:
-    """The interpreter of an environment made with `base` (a python3), gpusv installed in
-    it from this checkout, editable: the same code as the bench's own gpusv runs."""
-    name = str(base.resolve()).strip("/").replace("/", "-")
-    python = GPUSV_VENVS / name / "bin" / "python"
-    probe = [str(python), "-c", "import supervisor, aiosqlite, anyio, psutil, structlog"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    subprocess.run([str(base), "-m", "venv", str(python.parent.parent)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-e", str(REPO)], check=True)
     return python
 
 

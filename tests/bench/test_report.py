@@ -157,3 +157,14 @@ def test_compare_with_latency_runs_lone_jobs_instead(capsys: pytest.CaptureFixtu
     printed = capsys.readouterr().out
     assert "run 1 .: submit request -> start p50 " in printed
     assert "median .: submit request -> start p50 " in printed
+
+
+def test_compare_refuses_an_interpreter_it_cannot_make_an_environment_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.compare import main as compare
+
+    for python, words in ((tmp_path / "none", "no such file"), (Path("/bin/false"), "could")):
+        with pytest.raises(SystemExit) as exited:
+            compare([".", "--python", str(python)])
+        assert exited.value.code == 2 and words in capsys.readouterr().err
