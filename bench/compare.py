@@ -22,10 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .harness import PY, BenchDaemon, gpusv_env
+from .harness import PY, REPO, BenchDaemon, gpusv_env
 from .jobs import measure_latency, measure_throughput
 
-REPO = Path(__file__).resolve().parent.parent
 WARMUP_JOBS = 300  # first: the kind learnt as short, prometheus_client imported, as in use
 
 
@@ -52,10 +51,12 @@ def _imports_from(tree: Path, cwd: Path, python: Path | None) -> str:
     return done.stdout.strip()
 
 
-def _run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def _run(
+    tree: Path, args: argparse.Namespace, scratch: Path, python: Path | None
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
     config = "" if args.gpus else "cpu_slots = 2\n"
-    with BenchDaemon(root, config=config, python=args.env_python) as d:
+    with BenchDaemon(root, config=config, python=python) as d:
         d.env["PYTHONPATH"] = str(tree)
         d.cwd = root
         d.start()
@@ -116,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         "from its own tree",
     )
     args = ap.parse_args(argv)
-    args.env_python = None
+    python = None  # the daemons' interpreter: the bench's own, or one of an environment made
     if args.python is not None:
         if not args.python.exists():
             ap.error(f"--python {args.python}: no such file")
         try:
-            args.env_python = gpusv_env(args.python)
+            python = gpusv_env(args.python)
         except (OSError, subprocess.CalledProcessError) as e:
             ap.error(f"--python {args.python}: no environment could be made with it: {e}")
     with tempfile.TemporaryDirectory(prefix="gpusv-compare-", dir="/tmp") as tmp:
@@ -129,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         trees = _trees(args.revs, scratch)
         try:
             for rev, tree in trees.items():
-                print(f"{rev}: {_imports_from(tree, scratch, args.env_python)}", flush=True)
+                print(f"{rev}: {_imports_from(tree, scratch, python)}", flush=True)
             runs: dict[str, list[dict[str, Any]]] = {rev: [] for rev in trees}
             for i in range(args.pairs):
                 for rev, tree in trees.items():
-                    runs[rev].append(_run(tree, args, scratch))
+                    runs[rev].append(_run(tree, args, scratch, python))
                     print(f"run {i + 1} {rev}: {_line(runs[rev][-1])}", flush=True)
             for rev, ms in runs.items():
                 print(f"median {rev}: {_median(ms)}")

@@ -60,11 +60,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import BenchDaemon, cpu_shares, gpusv_env, machine_cpu_s, steal_pct
+from .harness import REPO, BenchDaemon, cpu_shares, gpusv_env, machine_cpu_s, steal_pct
 from .jobs import measure_throughput
 from .tsp import measure_tsp
 
-REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".bench-venv"
 HQ_SCRIPT = Path(__file__).with_name("hq_jobs.py")
 SLOTS = 2
