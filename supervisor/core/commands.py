@@ -49,6 +49,10 @@ class Dispatch:
     projections: dict[int, Projection | None] = field(default_factory=dict)
     uuids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the cards' UUIDs
     full: frozenset[str] = frozenset()  # kinds of device ("gpu", "cpu") none of which was free
+    # False: the holds are shown (waiting_for) and settled, but their queue_wait events
+    # are left for a later Dispatch to write (Dispatcher.announce_waits): a pass that
+    # claims a few jobs and holds thousands commits its claims without their rows.
+    announce: bool = True
 
 
 @dataclass(frozen=True)

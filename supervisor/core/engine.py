@@ -81,7 +81,7 @@ def _submit(d: Draft, cmd: SubmitJobs) -> None:
 
 def _dispatch(d: Draft, cmd: Dispatch) -> None:
     for hold in cmd.holds:
-        _hold(d, hold)
+        _hold(d, hold, cmd.announce)
     for start in cmd.starts:
         _claim(d, start, cmd)
     d.changes.settle += [h.job_id for h in cmd.holds if _settles(d.job(h.job_id), h, cmd.full)]
@@ -102,9 +102,9 @@ def _settles(job: Job | None, hold: Hold, full: frozenset[str]) -> bool:
     return hold.reason == DEVICE_HOLD[kind] and (kind in full or job.spec.gpus <= 1)
 
 
-def _hold(d: Draft, hold: Hold) -> None:
+def _hold(d: Draft, hold: Hold, announce: bool = True) -> None:
     """Show why a job waits; its `queue_wait` event is written once per wait, whatever
-    the blocker turns into meanwhile."""
+    the blocker turns into meanwhile (not yet, where `announce` is False)."""
     job = d.job(hold.job_id)
     if job is None or job.state is not JobState.QUEUED:
         return
@@ -113,7 +113,7 @@ def _hold(d: Draft, hold: Hold) -> None:
     if (job.waiting_for, job.hold_reason) != (hold.message, hold.reason):
         job = evolve(job, waiting_for=hold.message, hold_reason=hold.reason)
         d.set_job(job)
-    if not d.announced(job.id):
+    if announce and not d.announced(job.id):
         d.changes.announced.add(job.id)
         d.out.writes.append(
             SaveJob(job, d.now.iso, (Event("queue_wait", hold.message, {"reason": hold.reason}),))

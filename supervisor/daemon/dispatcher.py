@@ -28,6 +28,7 @@ from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
 from supervisor.daemon.run_times import RunTimes
 from supervisor.daemon.store.memory_book import MemoryBook
+from supervisor.daemon.waits import Waits
 
 STORAGE_RECHECK_S = 1.0  # while the database cannot be written, look again this often
 
@@ -76,6 +77,7 @@ class Dispatcher:
         self.stale = False  # the table changed since this pass planned (see _may_claim)
         self._claimed: dict[int, admission.RunningJob] = {}  # this round's claims ahead
         self._round: Reading | None = None  # this round's reading (_read_once)
+        self.waits = Waits(engine)  # queue_wait events left for a later pass (waits.py)
         self.draining = False
         self.paused = (cfg.state_dir / "paused").exists()  # `gpusv pause` outlives restarts
         self.available_mb = available_mb  # MemAvailable, read at each pass
@@ -91,19 +93,17 @@ class Dispatcher:
             broker.subscribe(ProcessStarted, lambda _ev: self.wake.set())
 
     def poke(self) -> None:
-        self.stale = True
+        self.stale = True  # what this pass planned may be out of date: no claims ahead
         self.wake.set()
 
     def _changed(self, ev: Changed) -> None:
-        """Any change of a job may let another start, but a claim: only a pass claims, and
-        it makes every claim it can (a claimed job that may be followed asks for a pass
-        once started: ProcessStarted), else each claim would cost an idle pass."""
+        """Any change of a job may let another start, but a claim: a pass makes every claim
+        it can (one that may be followed asks for a pass once started: ProcessStarted)."""
         old, new = ev.old, ev.new
         if old is None or old.state is not JobState.QUEUED or new.state is not JobState.RUNNING:
             self.poke()
 
-    def drain(self) -> None:
-        """Admit nothing more."""
+    def drain(self) -> None:  # admit nothing more
         self.draining = True
 
     # ---- admission --------------------------------------------------------------------
@@ -179,6 +179,8 @@ class Dispatcher:
         a change of the table also sets `stale`, which stops its claims ahead."""
         self.wake, self.stale, self._round = anyio.Event(), False, None
         if self.draining or self.paused or not self.table.queue:
+            if self.engine.store.problem is None:
+                await self.waits.announce()
             return None
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
             return STORAGE_RECHECK_S
@@ -189,23 +191,22 @@ class Dispatcher:
         free.update(self.table.array_room(self._claimed))
         settled = self.table.queue.settled
         if not self.table.queue.live and all(n <= 0 for k, n in free.items() if settled.get(k)):
-            # Every queued job is settled (held for a kind of device none of which is
-            # free), and no kind they wait for has a unit free (a free CPU slot does not
-            # start a card's job): the plan would start nothing and hold no one anew.
+            # Every queued job is settled (held for a kind of device none of which is free)
+            # and no kind they wait for has a unit free: the plan would do nothing.
             await self._start_ahead(cards, now, now_wall)
-            return self.table.queue.next_backoff(now_wall, self._backoff_current)
+            return await self.waits.after_pass(False, self._next_backoff(now_wall))
         plan = self._plan(cards, free, now, now_wall)
         if plan.starts or plan.holds:
             projections = {
                 s.job_id: self.book.projection(self.table.jobs[s.job_id].spec) for s in plan.starts
             }
             uuids = {s.job_id: self.uuids_of(s.gpus) for s in plan.starts}
-            await self.engine.do(
-                Dispatch(plan.starts, plan.holds, projections, uuids, frozenset(full))
-            )
+            now_too = not self.waits.leave(len(plan.starts), plan.holds)
+            args = (plan.starts, plan.holds, projections, uuids, frozenset(full))
+            await self.engine.do(Dispatch(*args, announce=now_too))
         if not plan.starts and not self.stale:  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
-        return self.table.queue.next_backoff(now_wall, self._backoff_current)
+        return await self.waits.after_pass(bool(plan.starts), self._next_backoff(now_wall))
 
     # ---- starting ahead ---------------------------------------------------------------
 
@@ -265,8 +266,7 @@ class Dispatcher:
         """Read before each round: while the last was committed, a drain, a pause, a
         storage fault or a change the next pass must plan from the start may have come
         (a job submitted while a card is idle goes there, not into a line)."""
-        problem = self.engine.store.problem
-        return not (self.draining or self.paused or problem is not None or self.stale)
+        return not (self.draining or self.paused or self.engine.store.problem or self.stale)
 
     def waiting_ahead(self) -> list[tuple[int, Live]]:
         """Jobs claimed ahead that still wait for the job in front, and are not being
@@ -362,8 +362,7 @@ class Dispatcher:
             started = [(self.table.jobs[s.job_id], s.gpus) for s in plan.starts]
             cuts = self.table.queue.cuts(ends)
             idle = {c.index for c in cards if c.healthy and not c.running}
-            # An array's jobs are alike: once one was held for a device or RAM, the rest of
-            # it would have been too.
+            # An array's jobs are alike: one held for a device or RAM, all would have been.
             blocked = {
                 array_kind(job.spec.array_id)
                 for h in plan.holds
@@ -384,6 +383,9 @@ class Dispatcher:
         job = self.table.jobs[job_id]
         need = self.book.vram_need(job.spec)
         return admission.could_run(job.spec.gpus, need, self.cards(), job.spec.cards)
+
+    def _next_backoff(self, now_wall: float) -> float | None:
+        return self.table.queue.next_backoff(now_wall, self._backoff_current)
 
     def _backoff_current(self, job_id: int, not_before: float) -> bool:
         job = self.table.jobs.get(job_id)

@@ -113,6 +113,22 @@ def test_a_hold_writes_its_queue_wait_once_with_its_reason() -> None:
     assert out.actions == [] and t.jobs[1] == held
 
 
+def test_a_hold_left_unannounced_is_shown_and_settled_and_written_by_a_later_dispatch() -> None:
+    t = Table()
+    run(t, c.SubmitJobs((spec(), spec())))
+    hold = Hold(2, "gpus", "waiting for 1 free GPU, 0 free")
+    out = run(t, c.Dispatch((Start(1, (0,), 0),), (hold,), full=frozenset({"gpu"}), announce=False))
+    held = queued(2, hold_reason="gpus", waiting_for=hold.message)
+    assert [w.job.id for w in out.writes if isinstance(w, c.SaveJob)] == [1]  # the claim's
+    assert t.jobs[2] == held and t.held_since == {2: NOW.mono}
+    assert 2 not in t.announced and t.queue.settled["gpu"] == [(0, 2)]
+    later = run(t, c.Dispatch((), (hold,)))
+    event = Event("queue_wait", hold.message, {"reason": "gpus"})
+    assert later.writes == [c.SaveJob(held, ISO, (event,))]
+    assert 2 in t.announced and t.queue.settled["gpu"] == [(0, 2)]
+    assert run(t, c.Dispatch((), (hold,))).writes == []  # once a wait
+
+
 def test_holds_and_settling_leave_jobs_that_are_not_queued_alone() -> None:
     t = Table()
     running(t, spec())
