@@ -53,17 +53,16 @@ def waiting_ahead(live: Live, lives: Mapping[int, Live | None]) -> bool:
     return before is not None and before.attempt.n == live.after[1]
 
 
-def line_of(job_id: int, lives: Mapping[int, Live]) -> list[int] | None:
+def line_of(job_id: int, lives: Mapping[int, Live]) -> list[int]:
     """The line that `job_id` ends, front first: from a job that runs, or that is being
-    started now (the one it followed has exited), through each job waiting ahead behind
-    it. None while `job_id` is an ordinary start still under way."""
+    started (an ordinary start still under way, or one whose job in front has exited),
+    through each job waiting ahead behind it. A spawn behind a front still being
+    started reaches its keeper only after the front's (the runner's `Sending`)."""
     line, live = [job_id], lives[job_id]
     while waiting_ahead(live, lives):
         assert live.after is not None  # for mypy: waiting_ahead says so
         line.append(live.after[0])
         live = lives[live.after[0]]
-    if live.phase is not Phase.RUNNING and live.after is None:
-        return None
     return line[::-1]
 
 
@@ -89,13 +88,11 @@ class Room:
 
 def line_room(
     job_id: int, lives: Mapping[int, Live], depth: int, chains: bool, took: Callable[[int], float]
-) -> Room | None:
+) -> Room:
     """The room in the line that `job_id` ends: up to `depth` waiting, or one behind a
     running job only, where its keeper cannot park a spawn behind a parked one (`chains`);
-    and the seconds its jobs take by `took` (their kinds' last runs). None: no line."""
+    and the seconds its jobs take by `took` (their kinds' last runs)."""
     line = line_of(job_id, lives)
-    if line is None:
-        return None
     room = depth - len(line) + 1
     if not chains:
         room = min(room, 2 - len(line))

@@ -204,7 +204,7 @@ class Dispatcher:
             now_too = not self.waits.leave(len(plan.starts), plan.holds)
             args = (plan.starts, plan.holds, projections, uuids, frozenset(full))
             await self.engine.do(Dispatch(*args, announce=now_too))
-        if not plan.starts and not self.stale:  # else the next pass plans anew
+        if not self.stale:  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
         return await self.waits.after_pass(bool(plan.starts), self._next_backoff(now_wall))
 
@@ -308,7 +308,7 @@ class Dispatcher:
             line = line_room(job_id, lives, depth, chains, self._last_run)
             # The next job would start once the whole line has run: it must be expected
             # to, by its kinds' last runs, within start_ahead_s.
-            if line is None or line.room <= 0 or line.spent_s > limit:
+            if line.room <= 0 or line.spent_s > limit:
                 continue
             if now_wall - epoch_from_iso(lives[line.front].attempt.started_at) < limit:
                 out.append(Line((job_id, live.attempt.n), live.cards, line.room, line.spent_s))

@@ -105,11 +105,13 @@ def test_the_line_a_job_ends_runs_from_its_front_through_each_job_waiting_ahead(
         6: ahead(6, 1, Phase.RUNNING),
     }
     lives[7] = dataclasses.replace(live(7), phase=Phase.SPAWNING)  # an ordinary start
+    lives[8] = ahead(8, 7)  # behind it, though it is still being started
     assert line_of(3, lives) == [1, 2, 3]
     assert line_of(1, lives) == [1]
     assert line_of(5, lives) == [5]  # 4 has exited: 5 is being started now, the front
     assert line_of(6, lives) == [6]  # up already, though 1 still runs
-    assert line_of(7, lives) is None
+    assert line_of(7, lives) == [7]
+    assert line_of(8, lives) == [7, 8]
 
 
 def test_refit_gives_back_the_room_a_big_batch_grew_the_tables_to() -> None:

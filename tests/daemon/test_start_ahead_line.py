@@ -14,6 +14,7 @@ import pytest
 from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
 from supervisor.core.jobs import JobSpec, JobState
+from supervisor.core.table import Phase
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.watch.sampling import Sampler
 from tests.daemon.test_dispatcher import HOST, Machine, spec
@@ -160,12 +161,13 @@ async def test_a_pause_that_comes_while_a_claim_commits_stops_the_pass_claiming(
 
 async def running_two(store: Store, *specs: JobSpec) -> Machine:
     """Two cards; `specs` submitted, the first two started, one on each card, as jobs of
-    a short kind that may be followed; the rest queued."""
+    a short kind that may be followed (learnt once they were claimed: nothing is claimed
+    behind them yet); the rest queued."""
     m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
     m.sched.can_follow = m.sched.can_chain = lambda _cards: True
-    m.sched.last_run_s[KEY] = 0.01
     await m.submit(*specs)
     await m.dispatch()
+    m.sched.last_run_s[KEY] = 0.01
     for job in (1, 2):
         await m.engine.do(Spawning(job, 1))
         await m.engine.do(Started(job, 1, 4240 + job, time.time()))
@@ -311,3 +313,22 @@ async def test_releasing_the_overrun_lines_reads_each_line_anew(store: Store) ->
     assert released == [3]
     assert m.table.jobs[3].state is JobState.QUEUED  # back in the queue
     assert m.table.live[4].after == (2, 1) and 2 not in m.table.live  # its turn: left alone
+
+
+async def test_the_pass_that_claims_a_card_s_job_claims_the_line_behind_it_too(
+    store: Store,
+) -> None:
+    """A line may form behind a job still being started: a batch's first pass on idle
+    cards claims each card's first job and the jobs behind it, in one pass."""
+    m = Machine(store, cards=2, cpu_slots=0, wait_s=1e9)
+    m.sched.can_follow = m.sched.can_chain = lambda _cards: True
+    m.sched.last_run_s[KEY] = 0.01
+    m.sched.cfg = dataclasses.replace(
+        m.sched.cfg, jobs=dataclasses.replace(m.sched.cfg.jobs, start_ahead_depth=2)
+    )
+    await m.submit(*[spec()] * 8)
+    await m.dispatch()
+    ahead = sorted((r.after[0], j) for j, r in m.table.live.items() if r.after is not None)
+    assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
+    assert {m.table.live[j].phase for j in (1, 2)} == {Phase.CLAIMED}  # not started yet
+    assert sorted(m.waiting()) == [7, 8]

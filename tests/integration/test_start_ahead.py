@@ -5,6 +5,7 @@ a daemon that died, a drain or a hang of its card let it go."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -301,3 +302,36 @@ def test_a_daemon_killed_with_a_line_waiting_runs_each_of_it_once_after_restart(
         assert [(a["n"], a["reason"]) for a in done["attempts"]] == [(1, None)]  # ran once
     assert d.wait_done(first)["attempts"][0]["pid"] == pid
     assert (d.root / "b").read_text() == (d.root / "c").read_text() == "ran\n"
+
+
+def test_a_batch_on_idle_cards_runs_each_job_once_and_one_at_a_time_on_each_card(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    """The pass that claims each idle card's first job of a batch claims the jobs behind
+    it too, before that one has started; each spawn still reaches its keeper after the
+    one it follows, so no card runs two of them at once, and each runs once."""
+    d = make_daemon(gpus="2x8G", config=AHEAD.replace("depth = 2", "depth = 4"))
+    marks = 'echo "$GPUSV_JOB_ID $(date +%s.%N)" >> {}'
+    script = f"{marks.format('starts')}; sleep 0.05; {marks.format('ends')}"
+    one = d.cli(
+        "submit", "--gpus", "1", "--mem-key", KEY, "--batch", "-", input=f"sh -c '{script}'\n"
+    )
+    d.wait_done(int(one.stdout))  # the kind is short from now on
+    (d.root / "starts").unlink()
+    (d.root / "ends").unlink()
+    batch = f"sh -c '{script}'\n" * 10
+    out = d.cli("submit", "--gpus", "1", "--mem-key", KEY, "--batch", "-", input=batch).stdout
+    jobs = [d.wait_done(int(j)) for j in out.split()]
+    assert [j["state"] for j in jobs] == ["succeeded"] * 10
+    behind = [j for j in jobs if any("starting once job" in e["message"] for e in j["events"])]
+    assert behind  # lines were claimed
+    starts = dict(line.split() for line in (d.root / "starts").read_text().splitlines())
+    ends = dict(line.split() for line in (d.root / "ends").read_text().splitlines())
+    assert sorted(map(int, starts)) == sorted(j["id"] for j in jobs)  # each ran once
+    for card in (0, 1):
+        ran = sorted(
+            (float(starts[str(j["id"])]), float(ends[str(j["id"])]))
+            for j in jobs
+            if j["attempts"][0]["gpus"] == [card]
+        )
+        assert all(b[0] >= a[1] for a, b in itertools.pairwise(ran)), ran

@@ -1,7 +1,7 @@
 """Spawns started ahead that their keepers hold back, until the spawn call returns: what
 the runner drops before a hung job is killed, and waits on before a drain stops the jobs
-in front; and, until each is on its keeper's connection, what a spawn claimed behind it
-in the same round waits for."""
+in front; and every spawn, until it is on its keeper's connection: what a spawn claimed
+behind it waits for."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ class Ahead:
 
 @dataclass
 class Sending:
-    """A spawn started ahead, from its order until its request is on its keeper's
-    connection (`sent`), or known never to be (`over`, not `sent`). A keeper starts a
-    spawn whose `after` it has never heard of at once: so the spawn behind this one in its
-    line is sent only once this one was, and not at all if this one never is."""
+    """A spawn, from its order until its request is on its keeper's connection (`sent`),
+    or known never to be (`over`, not `sent`). A keeper starts a spawn whose `after` it
+    has never heard of at once: so a spawn claimed behind this one is sent only once this
+    one was, and not at all if this one never is."""
 
     front: Sending | None = None  # the spawn ahead in its line, if not yet sent when ordered
     sent: bool = False

@@ -76,7 +76,7 @@ class Runner:
         self._tasks: Tasks | None = None  # one a job: launch, watch, kill
         self._early: list[Spawn | Kill] = []  # orders published before run() began
         self._ahead: dict[int, Ahead] = {}  # started ahead, its spawn not answered yet
-        self._sending: dict[int, Sending] = {}  # ordered ahead, its spawn not written yet
+        self._sending: dict[int, Sending] = {}  # ordered, its spawn not written yet
         broker.subscribe(Spawn, self._order)
         broker.subscribe(Kill, self._order)
 
@@ -98,9 +98,10 @@ class Runner:
         if self._tasks is None:
             self._early.append(order)
         elif isinstance(order, Spawn):
-            if order.after is not None:  # in order: the spawn in front was ordered before it
-                front = self._sending.get(order.after[0])
-                self._sending[order.job.id] = Sending(front)
+            # In order: the spawn in front (if any) was ordered before it, and a spawn may
+            # be claimed behind any, even one still to be sent (core/table.line_of).
+            front = self._sending.get(order.after[0]) if order.after is not None else None
+            self._sending[order.job.id] = Sending(front)
             self._tasks.start_soon(self.launch, order)
         else:
             self._tasks.start_soon(self.kill, order)
