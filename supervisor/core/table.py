@@ -53,6 +53,12 @@ def waiting_ahead(live: Live, lives: Mapping[int, Live | None]) -> bool:
     return before is not None and before.attempt.n == live.after[1]
 
 
+def claimed_ahead(lives: Mapping[int, Live]) -> list[tuple[int, Live]]:
+    """Jobs claimed ahead that still wait for the job in front, and are not being
+    stopped already."""
+    return [(j, r) for j, r in lives.items() if r.kill is None and waiting_ahead(r, lives)]
+
+
 def line_of(job_id: int, lives: Mapping[int, Live]) -> list[int]:
     """The line that `job_id` ends, front first: from a job that runs, or that is being
     started (an ordinary start still under way, or one whose job in front has exited),

@@ -21,11 +21,11 @@ from supervisor.core.in_use import running_jobs
 from supervisor.core.jobqueue import Key, array_kind, used_before
 from supervisor.core.jobs import FailureReason, JobSpec, JobState
 from supervisor.core.projection import Projection
-from supervisor.core.table import Line, Live, line_room, waiting_ahead
+from supervisor.core.table import Line, claimed_ahead, waiting_ahead
 from supervisor.daemon.broker import Broker
-from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
+from supervisor.daemon.lines import followable, last_run, refill_pause
 from supervisor.daemon.run_times import RunTimes
 from supervisor.daemon.store.memory_book import MemoryBook
 from supervisor.daemon.waits import Waits
@@ -140,8 +140,7 @@ class Dispatcher:
         return job.spec if job else None
 
     def _last_run(self, job_id: int) -> float:  # its kind's last success, s (inf: unknown)
-        spec = self._spec(job_id)
-        return self.last_run_s.get(spec.mem_key, float("inf")) if spec else float("inf")
+        return last_run(self._spec(job_id), self.last_run_s)
 
     def set_paused(self, paused: bool) -> None:
         """`gpusv pause` / `resume`: while paused, no pass starts anything."""
@@ -185,14 +184,8 @@ class Dispatcher:
         if self.engine.store.problem is not None:  # nothing starts that could not be recorded
             return STORAGE_RECHECK_S
         now_wall, now, cards = time.time(), time.monotonic(), self.cards_now()
-        free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
-        free["cpu"] = self.cpu_slots_free()
-        full = {kind for kind, n in free.items() if n <= 0}
-        free.update(self.table.array_room(self._claimed))
-        settled = self.table.queue.settled
-        if not self.table.queue.live and all(n <= 0 for k, n in free.items() if settled.get(k)):
-            # Every queued job is settled (held for a kind of device none of which is free)
-            # and no kind they wait for has a unit free: the plan would do nothing.
+        free, full, settled = self._free(cards)
+        if settled:  # the plan would do nothing
             await self._start_ahead(cards, now, now_wall)
             return await self.waits.after_pass(False, self._next_backoff(now_wall))
         plan = self._plan(cards, free, now, now_wall)
@@ -207,6 +200,28 @@ class Dispatcher:
         if not self.stale:  # else the next pass plans anew
             await self._start_ahead(self.cards_now(), now, now_wall)
         return await self.waits.after_pass(bool(plan.starts), self._next_backoff(now_wall))
+
+    def _free(self, cards: list[admission.Card]) -> tuple[dict[str, int], set[str], bool]:
+        """Units free of each kind (cards, CPU slots, room in arrays); the devices none of
+        which is free; whether every queued job is settled (held for a kind of device none
+        of which is free) and no kind they wait for has a unit free."""
+        free = {"gpu": sum(1 for c in cards if c.healthy and not c.running)}
+        free["cpu"] = self.cpu_slots_free()
+        full = {kind for kind, n in free.items() if n <= 0}
+        free.update(self.table.array_room(self._claimed))
+        kinds = self.table.queue.settled
+        settled = not self.table.queue.live and all(n <= 0 for k, n in free.items() if kinds.get(k))
+        return free, full, settled
+
+    def refill_pause(self) -> float:
+        """How long the next pass may wait for more ends: where all it could do is refill
+        lines ahead, each of which has work in hand (daemon/lines.py)."""
+        if self.draining or self.paused or not self.table.queue or self.engine.store.problem:
+            return 0.0
+        free, _full, settled = self._free(self.cards_now())
+        if not settled and (free["gpu"] > 0 or free["cpu"] > 0):  # the plan may start one
+            return 0.0
+        return refill_pause(self._followable(time.time()))
 
     # ---- starting ahead ---------------------------------------------------------------
 
@@ -268,17 +283,13 @@ class Dispatcher:
         (a job submitted while a card is idle goes there, not into a line)."""
         return not (self.draining or self.paused or self.engine.store.problem or self.stale)
 
-    def waiting_ahead(self) -> list[tuple[int, Live]]:
-        """Jobs claimed ahead that still wait for the job in front, and are not being
-        stopped already."""
-        lives = self.table.live
-        return [(j, r) for j, r in lives.items() if r.kill is None and waiting_ahead(r, lives)]
-
     async def release_ahead(self, message: str, job_ids: Iterable[int] | None = None) -> None:
         """Jobs claimed ahead and still waiting (all, or those named) go back to the queue
         (`interrupted`, no budget): a pause lets nothing new start, not even what is lined
         up; and one behind a job that overran is not bound to its card."""
-        chosen = [j for j, _ in self.waiting_ahead()] if job_ids is None else list(job_ids)
+        chosen = (
+            [j for j, _ in claimed_ahead(self.table.live)] if job_ids is None else list(job_ids)
+        )
         # Their keepers drop the parked spawns first, with no write: while the database
         # refuses the Stops, a job in front that exits must still start nothing behind it.
         self.drop_ahead(chosen)
@@ -286,33 +297,9 @@ class Dispatcher:
             await self.engine.do(Stop(job_id, FailureReason.INTERRUPTED, {"message": message}))
 
     def _followable(self, now_wall: float) -> list[Line]:
-        """Jobs a next one may be claimed behind: not being stopped, on one card of their
-        own or a CPU slot, nothing claimed behind them yet, each at the end of a line
-        (itself, or behind a job up for less than `start_ahead_s`) whose kinds' last
-        successes add up to at most that, and no longer than `start_ahead_depth` and the
-        keeper allow. So the next job is not bound to a card or slot that another might
-        free up first."""
-        limit, depth = self.cfg.jobs.start_ahead_s, self.cfg.jobs.start_ahead_depth
-        lives = self.table.live
-        behind = {r.after[0] for r in lives.values() if r.after is not None}
-        out = []
-        for job_id, live in lives.items():
-            if live.kill is not None or job_id in behind:
-                continue
-            spec = self._spec(job_id)
-            if len(live.cards) > 1 or spec is None or spec.share or not self.can_follow(live.cards):
-                continue
-            if self.last_run_s.get(spec.mem_key, limit + 1) > limit:
-                continue
-            chains = self.can_chain(live.cards)
-            line = line_room(job_id, lives, depth, chains, self._last_run)
-            # The next job would start once the whole line has run: it must be expected
-            # to, by its kinds' last runs, within start_ahead_s.
-            if line.room <= 0 or line.spent_s > limit:
-                continue
-            if now_wall - epoch_from_iso(lives[line.front].attempt.started_at) < limit:
-                out.append(Line((job_id, live.attempt.n), live.cards, line.room, line.spent_s))
-        return out
+        keeper = (self.can_follow, self.can_chain)
+        lives, runs = self.table.live, self.last_run_s
+        return followable(lives, self._spec, runs, self.cfg.jobs, keeper, now_wall)
 
     def _ahead_of(
         self, line_cards: tuple[int, ...], cards: list[admission.Card], now: float, now_wall: float
@@ -398,3 +385,5 @@ class Dispatcher:
             self.beat()
             with anyio.move_on_after(delay if delay is not None else 3600):
                 await self.wake.wait()
+            if pause := self.refill_pause():
+                await anyio.sleep(pause)

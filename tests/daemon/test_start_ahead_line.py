@@ -14,7 +14,8 @@ import pytest
 from supervisor.core import admission
 from supervisor.core.commands import Dispatch, ProcessStarted, Spawning, Started
 from supervisor.core.jobs import JobSpec, JobState
-from supervisor.core.table import Phase
+from supervisor.core.table import Line, Phase
+from supervisor.daemon import lines
 from supervisor.daemon.store.database import Store
 from supervisor.daemon.watch.sampling import Sampler
 from tests.daemon.test_dispatcher import HOST, Machine, spec
@@ -332,3 +333,34 @@ async def test_the_pass_that_claims_a_card_s_job_claims_the_line_behind_it_too(
     assert ahead == [(1, 3), (2, 4), (3, 5), (4, 6)]
     assert {m.table.live[j].phase for j in (1, 2)} == {Phase.CLAIMED}  # not started yet
     assert sorted(m.waiting()) == [7, 8]
+
+
+async def test_a_pass_that_would_only_refill_lines_waits_a_share_of_the_shortest_line(
+    store: Store,
+) -> None:
+    """After an end, the line it shortened has room: the next pass would only refill it
+    (no card is free), so it may wait for more ends, a quarter of what the line holds
+    (two jobs of 10 ms), and not at all while something could start or nothing may."""
+    m = await two_cards_running(store)
+    await m.dispatch()  # lines of two behind 1 and 2; jobs 7 and 8 queued
+    assert m.sched.refill_pause() == 0.0  # every line is full: nothing to refill
+    await m.end(1)  # 3 is the front now: its line [3, 5] has room for one more
+    m.sched.last_run_s[KEY] = 0.01  # as before 1's end taught it its own run
+    assert m.sched.refill_pause() == pytest.approx(0.02 / lines.PAUSE_SHARE)
+    m.sched.last_run_s[KEY] = 1.0  # a line of two 1 s jobs: the most it waits
+    assert m.sched.refill_pause() == lines.PAUSE_MAX_S
+    m.sched.set_paused(True)
+    assert m.sched.refill_pause() == 0.0
+    m.sched.set_paused(False)
+    m.table.live.pop(2)  # card 1 free (its line goes with it): a pass may start a job
+    m.table.live.pop(4)
+    m.table.live.pop(6)
+    assert m.sched.refill_pause() == 0.0
+
+
+def test_a_refill_waits_for_no_line_about_to_run_dry() -> None:
+    line = Line((1, 1), (0,), 1, 0.002)
+    assert lines.refill_pause([]) == 0.0
+    assert lines.refill_pause([line]) == pytest.approx(0.0005)
+    assert lines.refill_pause([line._replace(spent_s=5.0), line]) == pytest.approx(0.0005)
+    assert lines.refill_pause([line._replace(spent_s=5.0)]) == lines.PAUSE_MAX_S

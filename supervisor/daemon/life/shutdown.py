@@ -11,6 +11,7 @@ import structlog
 
 from supervisor.core.commands import Changed, Stop
 from supervisor.core.jobs import FailureReason
+from supervisor.core.table import claimed_ahead
 from supervisor.daemon.life import leaving, reload
 from supervisor.daemon.life.parts import DaemonPhase, Parts
 from supervisor.daemon.running.keepers import Keepers
@@ -37,7 +38,7 @@ async def _drain(parts: Parts, scope: anyio.CancelScope) -> None:
             idle.set()
 
     parts.broker.subscribe(Changed, check)
-    for job_id, _ in parts.dispatcher.waiting_ahead():  # before the jobs they wait behind
+    for job_id, _ in claimed_ahead(table.live):  # before the jobs they wait behind
         await parts.engine.do(Stop(job_id, FailureReason.INTERRUPTED))
     await parts.runner.ahead_answered()
     for job_id in list(table.live):

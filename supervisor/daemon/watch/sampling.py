@@ -16,7 +16,7 @@ import structlog
 from supervisor.core.commands import Progress, Stop
 from supervisor.core.jobs import FailureReason
 from supervisor.core.oom import squeeze_victims
-from supervisor.core.table import waiting_ahead
+from supervisor.core.table import claimed_ahead, waiting_ahead
 from supervisor.daemon.clock import epoch_from_iso
 from supervisor.daemon.config import Config
 from supervisor.daemon.engine import Engine
@@ -172,7 +172,7 @@ class Sampler:
         short before, this run does not) goes back to the queue: bound to that card or
         slot, it would wait however long that job runs while another may free first."""
         limit, now = 2 * self.ahead_s, time.time()
-        for job_id, _ in self.dispatcher.waiting_ahead():
+        for job_id, _ in claimed_ahead(self.table.live):
             # Read again at each: a release awaits the engine, and meanwhile the job in
             # front of the next one may have ended (and that one started), or either may
             # have been stopped.
