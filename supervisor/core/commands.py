@@ -50,8 +50,8 @@ class Dispatch:
     uuids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the cards' UUIDs
     full: frozenset[str] = frozenset()  # kinds of device ("gpu", "cpu") none of which was free
     # False: the holds are shown (waiting_for) and settled, but their queue_wait events
-    # are left for a later Dispatch to write (Dispatcher.announce_waits): a pass that
-    # claims a few jobs and holds thousands commits its claims without their rows.
+    # are left for a later Dispatch to write (daemon/waits.py): a pass that claims a few
+    # jobs and holds thousands commits its claims without their rows.
     announce: bool = True
 
 
